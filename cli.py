@@ -1,0 +1,178 @@
+"""The ``deepinfer-sim`` command line: a thin shell over the Python API.
+
+Each command parses its arguments, calls the API and prints. Every user mistake (bad config key,
+bad ``--set``, malformed trace, unknown name) surfaces as one ``error:`` line on stderr and exit
+status 2 — never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from .errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if unit == "ms":
+            return f"{v * 1e3:,.1f} ms"
+        if abs(v) >= 100:
+            return f"{v:,.0f}{unit}"
+        return f"{v:,.3g}{unit}"
+    return f"{v:,}{unit}" if isinstance(v, int) else f"{v}{unit}"
+
+
+def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
+    from rich.table import Table
+
+    s = summary
+    con = _console()
+    req = s["requests"]
+    t = Table(title=f"deepinfer-sim: {s['scenario']}", show_header=True, header_style="bold")
+    t.add_column("latency")
+    for col in ("mean", "p50", "p90", "p99"):
+        t.add_column(col, justify="right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        row = s["latency"][key]
+        t.add_row(label, *(_fmt(row[c], "ms") for c in ("mean", "p50", "p90", "p99")))
+    con.print(t)
+    thr, cost, util = s["throughput"], s["cost"], s["utilization"]
+    lines = [
+        f"requests   arrived {req['arrived']:,}  completed {req['completed']:,}  "
+        f"rejected {req['rejected']:,}  in flight {req['in_flight']:,}",
+        f"throughput {_fmt(thr['request_per_s'])} req/s  input {_fmt(thr['input_tok_per_s'])} tok/s"
+        f"  output {_fmt(thr['output_tok_per_s'])} tok/s  over {_fmt(thr['duration_s'])} s",
+        f"goodput    {_fmt(s['goodput']['request_per_s'])} req/s "
+        f"({_fmt(s['goodput']['fraction_of_completed'])} of completed meet the SLOs)",
+        f"utilization prefill {_fmt(util['prefill'])}  decode {_fmt(util['decode'])}  "
+        f"vision {_fmt(util['vision'])}",
+        f"cost       {cost['gpus']['total']} GPUs  ${_fmt(cost['usd_per_hour'])}/h  "
+        f"${_fmt(cost['usd_per_mtok_output'])}/M output tok  revenue "
+        f"${_fmt(cost['revenue_per_gpu_hour_usd'])}/GPU-h",
+        f"sim        {_fmt(s['sim']['simulated_s'])} simulated s in "
+        f"{_fmt(s['sim']['wall_s'])} wall s  ({s['sim']['events']:,} events)",
+    ]
+    for line in lines:
+        con.print(line)
+    if out_dir is not None:
+        con.print(f"results in {out_dir}")
+
+
+class _Group(click.Group):
+    """Turns UserError into one clean line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="deepinfer-sim")
+def main() -> None:
+    """Simulator and capacity planner for disaggregated DeepSeek-V4.1-Flash serving."""
+
+
+def _overrides(f: F) -> F:
+    return click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override a config value by dotted key, e.g. --set pools.decode.ep=128 (repeatable).",
+    )(f)
+
+
+@main.command()
+@click.argument("config", default="default")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output folder.")
+@_overrides
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+def run(
+    config: str, out_dir: str | None, overrides: tuple[str, ...], no_plots: bool, quiet: bool
+) -> None:
+    """Simulate CONFIG (a scenario YAML path or a bundled name such as `default`)."""
+    from .scenario import load_scenario
+    from .sim.engine import simulate
+
+    sc = load_scenario(config, list(overrides))
+    out = Path(out_dir) if out_dir else Path("runs") / sc.name
+    progress = None
+    show = sc.sim.progress and not quiet and sys.stderr.isatty()
+    if show:
+        from rich.progress import Progress
+
+        bar = Progress(console=_console(stderr=True), transient=True)
+        task = bar.add_task("simulating", total=None)
+        bar.start()
+
+        def progress(now: float, ended: int, total: int) -> None:
+            bar.update(task, completed=ended, total=total, description=f"t={now:,.0f}s")
+
+    try:
+        result = simulate(sc, progress=progress)
+    finally:
+        if show:
+            bar.stop()
+    result.write(out, plots=not no_plots)
+    if not quiet:
+        print_summary(result.summary, out)
+
+
+@main.command()
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), help="Write to a file.")
+def schema(out_file: str | None) -> None:
+    """Print the JSON Schema of scenario files."""
+    from .scenario import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if out_file:
+        Path(out_file).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+
+
+@main.command("list")
+def list_() -> None:
+    """List bundled scenarios, models, hardware and traces."""
+    from .models.registry import available
+    from .scenario import bundled_scenarios
+    from .traces import BUILTIN_TRACES
+
+    click.echo("scenarios: " + ", ".join(bundled_scenarios()))
+    click.echo("models:    " + ", ".join(available("models")))
+    click.echo("hardware:  " + ", ".join(available("hardware")))
+    click.echo("traces:    " + ", ".join(f"builtin:{n}" for n in BUILTIN_TRACES))
+
+
+@main.command()
+@click.argument("config", default="default")
+@_overrides
+def show(config: str, overrides: tuple[str, ...]) -> None:
+    """Print CONFIG fully resolved (every default filled in), after overrides."""
+    from .scenario import dump_scenario, load_scenario
+
+    click.echo(dump_scenario(load_scenario(config, list(overrides))), nl=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

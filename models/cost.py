@@ -1,0 +1,224 @@
+"""StepCost: how long one engine step takes, as plain O(1) functions of numbers.
+
+The simulator asks a pool's StepCost three things: the compute time of one DP rank's share of a
+prefill step, the per-rank compute time of a decode step (vectorized over the ranks of a Wide-EP
+group), and the all-to-all time of the expert dispatch/combine. Each rank's time is split into a
+``dense`` part (attention, dense projections, shared expert: the rank's own tokens) and a ``moe``
+part (routed experts: under balanced routing every rank's experts see the group-mean load, which
+the expert-imbalance factor then stretches). ``compose`` turns those into a step time:
+
+    step = overhead + max_r dense_r + imbalance · mean_r moe_r + exposed all-to-all
+
+where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (DeepEP's
+two-micro-batch overlap). :class:`RooflineStepCost` derives the parts from ModelSpec ×
+HardwareSpec with efficiency factors from YAML; calibrated profiles implement the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from ..validation import FrozenModel
+from .attention import AttentionCost
+from .hardware import HardwareSpec
+from .spec import ModelSpec, compute_class, dtype_bytes
+
+Phase = Literal["prefill", "decode"]
+Chunk = tuple[int, int]  # (new tokens computed this step, prefix tokens already computed)
+
+
+class RooflineParams(FrozenModel):
+    """Efficiency factors applied to datasheet peaks (the roofline cost model's only knobs)."""
+
+    gemm_efficiency: float = Field(0.3, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
+    attention_efficiency: float = Field(
+        0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
+    )
+    memory_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of HBM bandwidth")
+    comm_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of link bandwidth")
+    comm_overlap: float = Field(
+        0.7, ge=0, le=1, description="fraction of compute time that can hide all-to-all"
+    )
+    step_overhead_s: float = Field(2e-4, ge=0, description="fixed cost per engine step")
+    layer_overhead_s: float = Field(
+        3e-5, ge=0, description="per layer per step (launches, synchronisation)"
+    )
+    attention_dtype: Literal["bf16", "fp8"] = "fp8"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolShape:
+    """The parallel shape a StepCost is built for."""
+
+    ep: int
+    redundant_experts_per_gpu: int
+
+
+class StepCost(ABC):
+    """Step-time model of one pool: one hardware kind at one EP width."""
+
+    shape: PoolShape
+    step_overhead_s: float
+    comm_overlap: float
+
+    @abstractmethod
+    def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
+        """Non-expert time of one DP rank computing these (new tokens, computed prefix) chunks."""
+
+    @abstractmethod
+    def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
+        """Per-rank non-expert time of a decode step: ``batch`` sequences holding ``kv_tokens``
+        context tokens in total on each rank, ``verify`` tokens computed per sequence."""
+
+    @abstractmethod
+    def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
+        """Routed-expert time of one rank when the group sends it this many tokens on average."""
+
+    @abstractmethod
+    def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
+        """Dispatch + combine time over all MoE layers for ``tokens_per_rank`` tokens per rank."""
+
+    def compose(self, dense_max: float, moe_mean: float, imbalance: float, comm: float) -> float:
+        compute = dense_max + imbalance * moe_mean
+        exposed = max(0.0, comm - self.comm_overlap * compute)
+        return self.step_overhead_s + compute + exposed
+
+    def prefill_step(self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0) -> float:
+        """Step time of a prefill instance whose DP ranks compute the given chunks."""
+        dense_max = 0.0
+        tokens_max = 0.0
+        tokens_sum = 0.0
+        for chunks in ranks:
+            if not chunks:
+                continue
+            dense_max = max(dense_max, self.prefill_dense(chunks))
+            tokens = float(sum(n for n, _ in chunks))
+            tokens_sum += tokens
+            tokens_max = max(tokens_max, tokens)
+        moe = self.moe_s(tokens_sum / self.shape.ep, "prefill")
+        return self.compose(dense_max, moe, imbalance, self.a2a_s(tokens_max, "prefill"))
+
+    def decode_step(
+        self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float, imbalance: float = 1.0
+    ) -> float:
+        """Lockstep step time of a Wide-EP decode group: the slowest rank sets the pace."""
+        dense_max = float(self.decode_dense(batch, kv_tokens, verify).max())
+        moe = self.moe_s(float(batch.sum()) * verify / self.shape.ep, "decode")
+        comm = self.a2a_s(float(batch.max()) * verify, "decode")
+        return self.compose(dense_max, moe, imbalance, comm)
+
+
+class RooflineStepCost(StepCost):
+    """max(FLOPs / effective peak, bytes / effective bandwidth), per part, from the specs."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hw: HardwareSpec,
+        shape: PoolShape,
+        params: RooflineParams,
+    ) -> None:
+        self.model, self.hw, self.shape, self.params = model, hw, shape, params
+        self.step_overhead_s = params.step_overhead_s
+        self.comm_overlap = params.comm_overlap
+        self.attn = AttentionCost.of(model)
+        eff = params.gemm_efficiency
+        dense_rate = hw.flops(compute_class(model.precision.dense)) * eff
+        self._expert_rate = hw.flops(compute_class(model.precision.experts)) * eff
+        attn_rate = hw.flops(params.attention_dtype) * params.attention_efficiency
+        self._attn_rate = attn_rate
+        bw = hw.hbm_bytes_per_s * params.memory_efficiency
+        self._bw = bw
+        ep, red = shape.ep, shape.redundant_experts_per_gpu
+        self._expert_flops = {
+            ph: model.linear_flops_per_token(ph)[1] for ph in ("prefill", "decode")
+        }
+        self._expert_mem_s = {
+            ph: model.experts_per_gpu(ep, red) * model.expert_bytes * model.moe_layer_count(ph) / bw
+            for ph in ("prefill", "decode")
+        }
+        self._overhead = {
+            "prefill": params.layer_overhead_s * model.prefill_layers,
+            "decode": params.layer_overhead_s * model.n_layers,
+        }
+        # prefill, per rank: compute = tokens·p_tok + attention FLOPs / attn_rate;
+        # memory = p_mem0 + tokens·p_mem_tok (dense weights of the prefill layers + KV written)
+        self._p_tok = model.linear_flops_per_token("prefill")[0] / dense_rate
+        prefill_share = model.prefill_layers / model.n_layers
+        self._p_mem0 = model.dense_weight_bytes * prefill_share / bw
+        self._p_mem_tok = model.kv_bytes_per_token() / bw
+        # decode, per rank: compute = v·(batch·c_batch + kv·c_kv)
+        #                  memory  = m0 + batch·m_batch + kv·m_kv
+        flops_a, flops_b = self.attn.decode_flops.linear()
+        bytes_a, bytes_b = self.attn.decode_bytes.linear()
+        self._c_batch = model.linear_flops_per_token("decode")[0] / dense_rate + flops_a / attn_rate
+        self._c_kv = flops_b / attn_rate
+        self._m0 = model.dense_weight_bytes / bw
+        self._m_batch = bytes_a / bw
+        self._m_kv = bytes_b / bw
+        self._a2a_bytes_per_token = (
+            model.moe.top_k
+            * model.hidden
+            * (
+                dtype_bytes(model.precision.activations_dispatch)
+                + dtype_bytes(model.precision.activations_combine)
+            )
+        )
+        self._a2a_link = self._a2a_link_model(hw, ep, params.comm_efficiency)
+        self._moe_layers = {ph: model.moe_layer_count(ph) for ph in ("prefill", "decode")}
+
+    @staticmethod
+    def _a2a_link_model(hw: HardwareSpec, ep: int, eff: float) -> tuple[float, float, float, float]:
+        """(latency per layer, intra-domain share, intra bytes/s, inter bytes/s) of an EP group."""
+        if ep <= 1:
+            return 0.0, 1.0, 1.0, 1.0
+        in_domain = min(ep, hw.scaleup.domain_gpus)
+        intra_share = (in_domain - 1) / (ep - 1)
+        latency = hw.scaleup.latency_s if ep <= hw.scaleup.domain_gpus else hw.scaleout.latency_s
+        return (
+            2 * latency,
+            intra_share,
+            hw.scaleup.bytes_per_s_per_dir * eff,
+            hw.scaleout.bytes_per_s * eff,
+        )
+
+    def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
+        if tokens_per_rank <= 0:
+            return 0.0
+        flops = tokens_per_rank * self._expert_flops[phase]
+        return max(flops / self._expert_rate, self._expert_mem_s[phase])
+
+    def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
+        tokens = 0.0
+        attn = 0.0
+        flops = self.attn.prefill_flops
+        for n, p in chunks:
+            tokens += n
+            attn += flops.chunk(n, p)
+        if tokens <= 0:
+            return 0.0
+        compute = tokens * self._p_tok + attn / self._attn_rate
+        memory = self._p_mem0 + tokens * self._p_mem_tok
+        return max(compute, memory) + self._overhead["prefill"]
+
+    def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
+        # Hot path (once per decode step, vectorized over the group's ranks). An idle rank shows
+        # its memory floor, which never exceeds a busy rank's time, so the max needs no mask.
+        compute = batch * (verify * self._c_batch) + kv_tokens * (verify * self._c_kv)
+        memory = batch * self._m_batch + kv_tokens * self._m_kv
+        return np.maximum(compute, memory + self._m0) + self._overhead["decode"]
+
+    def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
+        if self.shape.ep <= 1 or tokens_per_rank <= 0:
+            return 0.0
+        latency, intra, bw_in, bw_out = self._a2a_link
+        ep = self.shape.ep
+        nbytes = tokens_per_rank * self._a2a_bytes_per_token * (ep - 1) / ep
+        per_layer = latency + max(nbytes * intra / bw_in, nbytes * (1 - intra) / bw_out)
+        return per_layer * self._moe_layers[phase]

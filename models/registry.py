@@ -1,0 +1,58 @@
+"""Find model and hardware specs by name (bundled YAML) or by path (a user's own file)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..validation import load_yaml_model
+from .hardware import HardwareSpec
+from .spec import ModelSpec
+
+_NOUN = {"models": "model", "hardware": "hardware", "scenarios": "scenario"}
+
+
+def bundled_dir(kind: str) -> Path:
+    """Folder of bundled YAML of one kind: ``models``, ``hardware`` or ``scenarios``."""
+    return Path(str(resources.files("deepinfer_sim.configs") / kind))
+
+
+def available(kind: str) -> list[str]:
+    return sorted(p.stem for p in bundled_dir(kind).glob("*.yaml"))
+
+
+def resolve(kind: str, ref: str, base_dir: Path | None = None) -> Path:
+    """A bundled name (``gb200``) or a YAML path (relative to ``base_dir`` when given)."""
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        p = Path(ref)
+        if not p.is_absolute() and base_dir is not None:
+            p = base_dir / p
+        if not p.is_file():
+            raise ConfigError("", f"no such {_NOUN[kind]} file: {p}")
+        return p
+    p = bundled_dir(kind) / f"{ref}.yaml"
+    if not p.is_file():
+        raise ConfigError(
+            "", f"unknown {_NOUN[kind]} {ref!r}; bundled: {', '.join(available(kind))}"
+        )
+    return p
+
+
+@lru_cache(maxsize=64)
+def _load_model(path: Path) -> ModelSpec:
+    return load_yaml_model(ModelSpec, path)
+
+
+@lru_cache(maxsize=64)
+def _load_hardware(path: Path) -> HardwareSpec:
+    return load_yaml_model(HardwareSpec, path)
+
+
+def load_model(ref: str, base_dir: Path | None = None) -> ModelSpec:
+    return _load_model(resolve("models", ref, base_dir))
+
+
+def load_hardware(ref: str, base_dir: Path | None = None) -> HardwareSpec:
+    return _load_hardware(resolve("hardware", ref, base_dir))

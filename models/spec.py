@@ -1,0 +1,271 @@
+"""ModelSpec: what is served, and the quantities derived from it.
+
+A ModelSpec is read from ``configs/models/*.yaml``. Everything the simulator needs to know about a
+model — parameter counts, weight bytes per GPU at a given expert-parallel width, KV-cache bytes
+per token, the SWA slot, FLOPs and bytes per token — is derived here from the architecture
+numbers in that file, so the YAML stays the single source of truth. These are evaluated at load
+time; the hot path only sees the plain numbers they produce.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..validation import FrozenModel
+
+# Bytes per element of each storage format. The MX formats carry one 8-bit scale per 32 elements.
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "mxfp8": 1.0 + 1.0 / 32,
+    "fp4": 0.5,
+    "mxfp4": 0.5 + 1.0 / 32,
+}
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4"]
+AttentionKind = Literal["swa", "csa", "hca", "mla"]
+
+
+def dtype_bytes(dtype: str) -> float:
+    return DTYPE_BYTES[dtype]
+
+
+def compute_class(dtype: str) -> str:
+    """The tensor-core rate class a stored dtype computes at (mxfp4 -> fp4, ...)."""
+    return {"mxfp8": "fp8", "mxfp4": "fp4", "fp16": "bf16", "fp32": "bf16"}.get(dtype, dtype)
+
+
+class StatedParams(FrozenModel):
+    total_b: float = Field(gt=0)
+    active_prefill_b: float = Field(gt=0)
+    active_decode_b: float = Field(gt=0)
+
+
+class NgramMemory(FrozenModel):
+    params_b: float = Field(0, ge=0)
+    location: Literal["host", "hbm"] = "host"
+
+
+class Attention(FrozenModel):
+    heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    q_lora: int = Field(ge=0)
+    o_lora: int = Field(ge=0)
+    o_groups: int = Field(ge=1)
+    window: int = Field(ge=0)
+    indexer_heads: int = Field(ge=0)
+    indexer_dim: int = Field(ge=0)
+    index_topk: int = Field(ge=0)
+    mla_value_head_dim: int = Field(0, ge=0)
+    mla_qk_head_dim: int = Field(0, ge=0)
+
+
+class LayerGroup(FrozenModel):
+    name: str
+    count: int = Field(gt=0)
+    attention: AttentionKind
+    compression: int = Field(1, ge=1)
+    in_prefill: bool = True
+    kv_stored: bool = True
+
+
+class MoE(FrozenModel):
+    routed_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    shared_experts: int = Field(ge=0)
+    expert_width: int = Field(gt=0)
+    dense_layers: int = Field(0, ge=0)
+    hash_routed_layers: int = Field(0, ge=0)
+    dense_ffn_width: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _topk_fits(self) -> MoE:
+        if self.top_k > self.routed_experts:
+            raise ValueError("top_k cannot exceed routed_experts")
+        return self
+
+
+class Precision(FrozenModel):
+    experts: Dtype
+    dense: Dtype
+    kv_main: Dtype
+    kv_indexer: Dtype
+    activations_dispatch: Dtype
+    activations_combine: Dtype
+
+
+class SwaSlot(FrozenModel):
+    layers: int = Field(ge=0)
+    window: int = Field(ge=0)
+    draft_tokens: int = Field(ge=0)
+    bonus_tokens: int = Field(ge=0)
+    bytes_per_token_layer: float = Field(ge=0)
+    exact_replay_tokens: int = Field(ge=0)
+    bounded_replay_tokens: int = Field(ge=0)
+
+
+class Draft(FrozenModel):
+    kind: Literal["dspark", "mtp", "none"]
+    max_draft_tokens: int = Field(ge=0)
+
+
+class ModelSpec(FrozenModel):
+    """Architecture of one served model; see ``configs/models/``."""
+
+    name: str
+    display_name: str
+    hidden: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    max_context_tokens: int = Field(gt=0)
+    stated_params: StatedParams
+    ngram_memory: NgramMemory = NgramMemory()
+    attention: Attention
+    layer_groups: tuple[LayerGroup, ...] = Field(min_length=1)
+    moe: MoE
+    precision: Precision
+    swa: SwaSlot
+    draft: Draft
+
+    @model_validator(mode="after")
+    def _layers_consistent(self) -> ModelSpec:
+        if self.moe.dense_layers > self.n_layers:
+            raise ValueError("moe.dense_layers exceeds the number of layers")
+        if not any(g.in_prefill for g in self.layer_groups):
+            raise ValueError("at least one layer group must run in prefill")
+        return self
+
+    # ---- layer counts -------------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return sum(g.count for g in self.layer_groups)
+
+    @property
+    def prefill_layers(self) -> int:
+        """Layers every prompt token runs through."""
+        return sum(g.count for g in self.layer_groups if g.in_prefill)
+
+    @property
+    def replay_only_layers(self) -> int:
+        """Layers that prefill runs only on the SWA replay segment (decoder layers)."""
+        return sum(g.count for g in self.layer_groups if not g.in_prefill)
+
+    def moe_layer_count(self, phase: Literal["prefill", "decode"]) -> int:
+        """MoE layers a token passes in this phase (the leading dense layers are not MoE)."""
+        layers = self.prefill_layers if phase == "prefill" else self.n_layers
+        return max(0, layers - self.moe.dense_layers)
+
+    # ---- parameters ---------------------------------------------------------------------------
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (gate, up, down projections)."""
+        return 3 * self.hidden * self.moe.expert_width
+
+    @property
+    def expert_bytes(self) -> float:
+        return self.expert_params * dtype_bytes(self.precision.experts)
+
+    def attention_params(self, group: LayerGroup) -> int:
+        a, h = self.attention, self.hidden
+        q_out = a.heads * (a.mla_qk_head_dim or a.head_dim)
+        q = h * a.q_lora + a.q_lora * q_out if a.q_lora else h * q_out
+        kv = h * a.head_dim
+        if group.attention == "mla":
+            # up-projections of the latent to per-head keys (nope part) and values
+            kv += (a.head_dim - 64) * a.heads * (a.mla_qk_head_dim - 64 + a.mla_value_head_dim)
+            v_width = a.heads * a.mla_value_head_dim
+        else:
+            v_width = a.heads * a.head_dim
+        # grouped low-rank output projection (V4) or a plain one (V3)
+        o = v_width * a.o_lora + a.o_groups * a.o_lora * h if a.o_lora else v_width * h
+        idx = 0
+        if group.attention == "csa" and a.indexer_heads:
+            idx = h * a.indexer_heads * a.indexer_dim + h * a.indexer_dim + h * a.indexer_heads
+        return q + kv + o + idx
+
+    def _layers_in(self, phase: str) -> list[LayerGroup]:
+        return [g for g in self.layer_groups if phase == "decode" or g.in_prefill]
+
+    def _dense_params(self, phase: str | None) -> float:
+        """Non-routed parameters (attention, shared experts, dense FFNs) of the phase's layers."""
+        groups = self.layer_groups if phase is None else self._layers_in(phase)
+        layers = sum(g.count for g in groups)
+        attn = sum(self.attention_params(g) * g.count for g in groups)
+        dense_ffn_layers = min(self.moe.dense_layers, layers)
+        ffn = dense_ffn_layers * 3 * self.hidden * self.moe.dense_ffn_width
+        moe_layers = layers - dense_ffn_layers
+        shared = moe_layers * self.moe.shared_experts * self.expert_params
+        router = moe_layers * self.hidden * self.moe.routed_experts
+        return float(attn + ffn + shared + router)
+
+    @cached_property
+    def embedding_params(self) -> int:
+        return 2 * self.vocab * self.hidden  # input embedding + output head
+
+    @cached_property
+    def dense_params(self) -> float:
+        """Every non-routed parameter, replicated on each DP rank."""
+        return self._dense_params(None) + self.embedding_params
+
+    @cached_property
+    def routed_params(self) -> float:
+        return float(self.moe.routed_experts * self.expert_params * self.moe_layer_count("decode"))
+
+    @property
+    def total_params(self) -> float:
+        return self.dense_params + self.routed_params
+
+    def active_params(self, phase: Literal["prefill", "decode"]) -> float:
+        """Parameters one token touches (output head counted for decode only)."""
+        routed = self.moe.top_k * self.expert_params * self.moe_layer_count(phase)
+        head = self.vocab * self.hidden if phase == "decode" else 0
+        return self._dense_params(phase) + routed + head
+
+    # ---- memory -------------------------------------------------------------------------------
+    @property
+    def dense_weight_bytes(self) -> float:
+        return self.dense_params * dtype_bytes(self.precision.dense)
+
+    def experts_per_gpu(self, ep: int, redundant_per_gpu: int = 0) -> float:
+        return self.moe.routed_experts / ep + redundant_per_gpu
+
+    def weight_bytes_per_gpu(self, ep: int, redundant_per_gpu: int = 0) -> float:
+        """HBM for weights on one EP rank: full dense copy + its owned and redundant experts."""
+        layers = self.moe_layer_count("decode")
+        experts = self.experts_per_gpu(ep, redundant_per_gpu) * layers * self.expert_bytes
+        return self.dense_weight_bytes + experts
+
+    def kv_bytes_per_token(self, accounting: Literal["stored", "bf16"] = "stored") -> float:
+        """Block-cache bytes per context token (prefix cache, P->D transfer, decode HBM)."""
+        a = self.attention
+        main = 2.0 if accounting == "bf16" else dtype_bytes(self.precision.kv_main)
+        idx = 2.0 if accounting == "bf16" else dtype_bytes(self.precision.kv_indexer)
+        total = 0.0
+        for g in self.layer_groups:
+            if not g.kv_stored:
+                continue
+            per = a.head_dim * main
+            if g.attention == "csa":
+                per += a.indexer_dim * idx
+            total += g.count * per / g.compression
+        return total
+
+    @property
+    def swa_slot_bytes(self) -> float:
+        """One sequence's SWA slot: layers × (window + drafts + bonus) × bytes per token-layer."""
+        s = self.swa
+        return s.layers * (s.window + s.draft_tokens + s.bonus_tokens) * s.bytes_per_token_layer
+
+    def kv_transfer_bytes(self, context_tokens: float) -> float:
+        """Bytes moved from prefill to decode for one request (block cache + SWA slot)."""
+        return self.kv_bytes_per_token() * context_tokens + self.swa_slot_bytes
+
+    # ---- FLOPs and bytes per token --------------------------------------------------------------
+    def linear_flops_per_token(self, phase: Literal["prefill", "decode"]) -> tuple[float, float]:
+        """(dense FLOPs, routed-expert FLOPs) of the matrix multiplies for one token."""
+        routed = self.moe.top_k * self.expert_params * self.moe_layer_count(phase)
+        dense = self.active_params(phase) - routed
+        return 2.0 * dense, 2.0 * routed

@@ -1,0 +1,348 @@
+"""Scenario: one YAML file that describes a whole simulated deployment.
+
+``load_scenario`` reads a scenario (a path, or a bundled name such as ``default``), applies dotted
+``--set key=value`` overrides to the raw mapping, and validates it into a frozen pydantic
+:class:`Scenario`. Unknown keys and bad values are :class:`~deepinfer_sim.errors.ConfigError`\\ s
+naming the dotted key path. The same override mechanism drives sweeps.
+
+Every number from the spec (EP widths, redundant experts, link budgets, SLOs, prices...) lives
+here or in the model/hardware YAML, never in simulator code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from .errors import ConfigError
+from .models.cost import RooflineParams
+from .models.registry import bundled_dir, load_hardware, load_model, resolve
+from .validation import FrozenModel, read_yaml, validate
+
+
+class PrefillPool(FrozenModel):
+    """Prefill instances: EP = DP within an instance, no tensor/context parallelism."""
+
+    instances: int = Field(16, ge=1)
+    ep: int = Field(4, ge=1, le=64, description="expert-parallel width (= DP) of one instance")
+    hardware: str = "gb200"
+    redundant_experts_per_gpu: int = Field(4, ge=0)
+    max_tokens_per_step: int = Field(
+        32768, ge=1, description="token budget of one DP rank's prefill step"
+    )
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.ep
+
+
+class DecodePool(FrozenModel):
+    """Wide-EP decode groups: EP = DP ranks stepping in lockstep."""
+
+    groups: int = Field(1, ge=1)
+    ep: int = Field(64, ge=1, le=1024, description="ranks per group (EP = DP)")
+    hardware: str = "gb200"
+    redundant_experts_per_gpu: int = Field(1, ge=0)
+    max_seqs_per_rank: int = Field(256, ge=1)
+    kv_hbm_fraction: float = Field(
+        0.9, gt=0, le=1, description="share of HBM left after weights that may hold KV"
+    )
+    activation_reserve_bytes: float = Field(8e9, ge=0, description="HBM kept for activations")
+
+    @property
+    def gpus(self) -> int:
+        return self.groups * self.ep
+
+
+class VisionPool(FrozenModel):
+    """Vision-encoder instances, one GPU each (a cheaper GPU is recommended)."""
+
+    instances: int = Field(0, ge=0)
+    hardware: str = "l40s"
+    encoder_params_b: float = Field(
+        0.6, gt=0, description="encoder parameters (billions) each image token passes"
+    )
+    tokens_per_image: int = Field(576, ge=1, description="image tokens handed to prefill")
+    efficiency: float = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s reached")
+
+    @property
+    def gpus(self) -> int:
+        return self.instances
+
+
+class StoragePool(FrozenModel):
+    """Dedicated KV storage nodes (counted in cost; the store model lives in sim/kvstore)."""
+
+    nodes: int = Field(0, ge=0)
+
+
+class Pools(FrozenModel):
+    prefill: PrefillPool = PrefillPool()
+    decode: DecodePool = DecodePool()
+    vision: VisionPool = VisionPool()
+    storage: StoragePool = StoragePool()
+
+
+class Network(FrozenModel):
+    """Prefill -> decode KV transfer links."""
+
+    pd_gbps_per_8_gpus: float = Field(400, gt=0, description="interconnect budget per 8 GPUs")
+    placement: Literal["same_dc", "cross_dc"] = "same_dc"
+    latency_s: float = Field(2e-5, ge=0, description="one-way latency inside a data centre")
+    cross_dc_latency_s: float = Field(
+        5e-4, ge=0, description="one-way latency between adjacent data centres"
+    )
+
+    @property
+    def pd_latency_s(self) -> float:
+        return self.cross_dc_latency_s if self.placement == "cross_dc" else self.latency_s
+
+
+class ExpertImbalance(FrozenModel):
+    """Constant slowest-rank/mean expert load, used until a live EPLB model replaces it."""
+
+    prefill: float = Field(1.074, ge=1)
+    decode: float = Field(1.090, ge=1)
+
+
+class Policies(FrozenModel):
+    prefill_router: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    decode_balancer: Literal["least_requests", "round_robin"] = "least_requests"
+    expert_imbalance: ExpertImbalance = ExpertImbalance()
+
+
+class Spread(FrozenModel):
+    method: Literal["uniform", "even", "none"] = "uniform"
+    window_s: float = Field(3.0, ge=0, description="width of one timestamp bucket in the trace")
+
+
+class Workload(FrozenModel):
+    """Where requests come from and how the trace is replayed."""
+
+    trace: str = "builtin:mooncake_conversation"
+    format: Literal["auto", "mooncake", "azure"] = "auto"
+    traffic_class: str | None = Field(None, description="override the trace's traffic class")
+    start_s: float = Field(0.0, ge=0, description="window start on the trace's own clock")
+    end_s: float | None = Field(None, gt=0, description="window end on the trace's own clock")
+    max_requests: int | None = Field(None, ge=1)
+    repeat: int = Field(
+        1, ge=1, description="tile the windowed trace end to end (block hashes renamed per copy)"
+    )
+    rate_scale: float = Field(1.0, gt=0, description="multiply the arrival rate")
+    spread: Spread = Spread()
+
+    @model_validator(mode="after")
+    def _window(self) -> Workload:
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError("end_s must be greater than start_s")
+        return self
+
+
+class Slo(FrozenModel):
+    ttft_s: float = Field(5.0, gt=0)
+    tpot_s: float = Field(0.05, gt=0)
+
+
+class Revenue(FrozenModel):
+    """What users pay per million tokens (valley pricing by default)."""
+
+    input_per_mtok_usd: float = Field(0.14, ge=0)
+    output_per_mtok_usd: float = Field(0.21, ge=0)
+
+
+class Prices(FrozenModel):
+    gpu_hour_usd: dict[str, float] = Field(
+        default_factory=lambda: {
+            "gb200": 6.0,
+            "b200": 5.0,
+            "h200": 3.5,
+            "h100": 2.5,
+            "h800": 2.5,
+            "l40s": 1.0,
+            "ascend950dt": 3.0,
+            "ascend950pr": 2.0,
+        }
+    )
+    storage_node_hour_usd: float = Field(4.0, ge=0)
+    revenue: Revenue = Revenue()
+
+
+class CostModel(FrozenModel):
+    kind: Literal["roofline"] = "roofline"
+    roofline: RooflineParams = RooflineParams()
+
+
+class SimSettings(FrozenModel):
+    horizon_s: float | None = Field(
+        None, gt=0, description="stop at this simulated time; None runs until every request ends"
+    )
+    timeseries_interval_s: float = Field(1.0, gt=0)
+    progress: bool = Field(True, description="show a progress bar on a terminal")
+
+
+class Scenario(FrozenModel):
+    """A whole simulated deployment: model, pools, network, policies, workload, SLOs, prices."""
+
+    name: str = "scenario"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    model: str = "deepseek-v4.1-flash"
+    pools: Pools = Pools()
+    network: Network = Network()
+    policies: Policies = Policies()
+    workload: Workload = Workload()
+    slo: Slo = Slo()
+    prices: Prices = Prices()
+    cost_model: CostModel = CostModel()
+    sim: SimSettings = SimSettings()
+
+    def hardware_kinds(self) -> dict[str, str]:
+        p = self.pools
+        return {
+            "prefill": p.prefill.hardware,
+            "decode": p.decode.hardware,
+            "vision": p.vision.hardware,
+        }
+
+
+# ---- overrides ----------------------------------------------------------------------------------
+
+_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+def _split_path(path: str) -> list[str | int]:
+    parts: list[str | int] = []
+    for seg in path.split("."):
+        m = _SEGMENT.match(seg)
+        if not m:
+            raise ConfigError(path, f"bad key segment {seg!r} (expected name or name[index])")
+        parts.append(m.group(1))
+        parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", m.group(2)))
+    return parts
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"pools.decode.ep=128"`` -> ``("pools.decode.ep", 128)``; the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError("", f"--set {text!r}: expected KEY=VALUE (e.g. pools.decode.ep=128)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError("", f"--set {text!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted key in a raw (unvalidated) mapping, creating mappings along the way."""
+    parts = _split_path(key)
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        where = ".".join(str(p) for p in parts[: i + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise ConfigError(key, f"{where} is not a list with index {part}")
+            node = node[part]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(key, f"{where}: cannot set a key inside a non-mapping value")
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ConfigError(key, f"not a list with index {last}")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(key, "cannot set a key inside a non-mapping value")
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+
+def bundled_scenarios() -> dict[str, Path]:
+    """Scenarios addressable by name: ``default`` plus everything in configs/scenarios/."""
+    names = {"default": bundled_dir(".") / "default.yaml"}
+    names.update({p.stem: p for p in sorted(bundled_dir("scenarios").glob("*.yaml"))})
+    return names
+
+
+def scenario_path(ref: str | Path) -> Path:
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise ConfigError("", f"no such scenario file: {p}")
+        return p
+    named = bundled_scenarios()
+    if str(ref) in named:
+        return named[str(ref)]
+    raise ConfigError(
+        "", f"no scenario file or bundled scenario named {ref!r}; bundled: {', '.join(named)}"
+    )
+
+
+def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
+    """Model and hardware names must resolve; relative trace paths become absolute."""
+    refs = [("model", "models", sc.model)]
+    refs += [(f"pools.{pool}.hardware", "hardware", hw) for pool, hw in sc.hardware_kinds().items()]
+    for path, kind, ref in refs:
+        try:
+            (load_model if kind == "models" else load_hardware)(ref, base_dir)
+        except ConfigError as exc:
+            raise ConfigError(path, str(exc), source=source) from None
+    for pool, hw in sc.hardware_kinds().items():
+        name = load_hardware(hw, base_dir).name
+        if name not in sc.prices.gpu_hour_usd:
+            raise ConfigError(
+                "prices.gpu_hour_usd",
+                f"no price for hardware {name!r} used by pools.{pool}",
+                source,
+            )
+    trace = sc.workload.trace
+    if not trace.startswith("builtin:") and not Path(trace).is_absolute():
+        wl = sc.workload.model_copy(update={"trace": str((base_dir / trace).resolve())})
+        sc = sc.model_copy(update={"workload": wl})
+    model_ref = sc.model
+    if model_ref.endswith((".yaml", ".yml")) and not Path(model_ref).is_absolute():
+        sc = sc.model_copy(update={"model": str(resolve("models", model_ref, base_dir).resolve())})
+    return sc
+
+
+def load_scenario(ref: str | Path = "default", overrides: list[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario. Raises ConfigError naming the key path."""
+    path = scenario_path(ref)
+    data = read_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("", "expected a mapping at the top level", source=str(path))
+    for text in overrides or []:
+        key, value = parse_override(text)
+        apply_override(data, key, value)
+    sc = validate(Scenario, data, source=str(path))
+    return _check_references(sc, path.parent, str(path))
+
+
+def scenario_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Scenario:
+    """Validate a mapping (e.g. built in a notebook or a sweep) into a Scenario."""
+    sc = validate(Scenario, data)
+    return _check_references(sc, base_dir or Path.cwd(), "<dict>")
+
+
+def dump_scenario(sc: Scenario) -> str:
+    """The fully resolved scenario as YAML (every default filled in)."""
+    return yaml.safe_dump(sc.model_dump(mode="json"), sort_keys=False)
+
+
+def json_schema() -> dict[str, Any]:
+    return Scenario.model_json_schema()

@@ -1,0 +1,301 @@
+"""simulate(): build the cluster a Scenario describes and replay its workload through it.
+
+Data flow (one direction): Scenario + RequestSource + StepCost -> events -> Result.
+
+    arrival ─┬─(images)→ vision encoder ─┐
+             └───────────────────────────┴→ prefill router → prefill instance (one event/step)
+                → decode balancer picks (group, rank) → P→D KV transfer over the instance's link
+                → decode group (one event/step for all its ranks) → completion
+
+Requests are integer ids into a columnar RequestTable; components call each other through plain
+callbacks, and each request costs events only at arrival, stage hand-offs and completion.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from ..errors import ConfigError, InvariantError
+from ..models.cost import PoolShape, RooflineStepCost, StepCost
+from ..models.hardware import HardwareSpec
+from ..models.registry import load_hardware, load_model
+from ..models.spec import ModelSpec
+from ..scenario import Scenario
+from ..traces import RequestSource
+from ..traces.workload import build_source
+from .balancer import make_balancer
+from .decode import DecodeGroup
+from .itl import itl_summary
+from .network import Link
+from .prefill import PrefillInstance
+from .requests import RejectReason, RequestTable, State
+from .result import Result
+from .router import make_router
+from .summary import summarize
+from .timeseries import TimeseriesSampler
+from .vision import VisionInstance, least_outstanding
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts scheduled events (reported as ``sim.events``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events = 0
+
+    def schedule(self, event, priority=1, delay=0):
+        self.events += 1
+        super().schedule(event, priority, delay)
+
+
+def make_step_cost(
+    sc: Scenario, model: ModelSpec, hw: HardwareSpec, ep: int, redundant: int
+) -> StepCost:
+    return RooflineStepCost(model, hw, PoolShape(ep, redundant), sc.cost_model.roofline)
+
+
+def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:
+    """KV tokens one decode rank can hold after its weights and activation reserve."""
+    pool = sc.pools.decode
+    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_experts_per_gpu)
+    free = hw.hbm_bytes - weights - pool.activation_reserve_bytes
+    if free <= 0:
+        raise ConfigError(
+            "pools.decode",
+            f"weights ({weights / 1e9:.1f} GB) + activation reserve do not fit in "
+            f"{hw.name} HBM ({hw.hbm_bytes / 1e9:.0f} GB) at ep={pool.ep}",
+        )
+    return free * pool.kv_hbm_fraction / model.kv_bytes_per_token()
+
+
+def check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None:
+    pool = sc.pools.prefill
+    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_experts_per_gpu)
+    if weights >= hw.hbm_bytes:
+        raise ConfigError(
+            "pools.prefill.ep",
+            f"weights ({weights / 1e9:.1f} GB per GPU) do not fit in {hw.name} HBM "
+            f"({hw.hbm_bytes / 1e9:.0f} GB) at ep={pool.ep}; use a wider EP",
+        )
+
+
+@dataclass
+class Cluster:
+    """Everything one run builds; handed to the sampler, the summary and the invariant checks."""
+
+    sc: Scenario
+    model: ModelSpec
+    env: CountingEnvironment
+    table: RequestTable
+    vision: list[VisionInstance]
+    prefill: list[PrefillInstance]
+    decode: list[DecodeGroup]
+    links: list[Link]
+    kv_capacity_tokens: float
+    seq_overhead_tokens: float
+    arrived: int = 0
+    ended: int = 0
+    all_ended: simpy.Event | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count_end(self) -> None:
+        self.ended += 1
+        if self.ended == self.table.n and self.all_ended is not None:
+            self.all_ended.succeed()
+
+
+def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
+    model = load_model(sc.model)
+    hw = {pool: load_hardware(name) for pool, name in sc.hardware_kinds().items()}
+    check_prefill_fits(sc, model, hw["prefill"])
+    env = CountingEnvironment()
+    table = RequestTable(source)
+    pools = sc.pools
+    imb = sc.policies.expert_imbalance
+    kv_cap = decode_kv_capacity_tokens(sc, model, hw["decode"])
+    kv_per_token, slot_bytes = model.kv_bytes_per_token(), model.swa_slot_bytes
+    seq_overhead = slot_bytes / kv_per_token
+    cl = Cluster(sc, model, env, table, [], [], [], [], kv_cap, seq_overhead)
+    cl.all_ended = env.event()
+
+    def on_decode_done(rid: int) -> None:
+        cl.count_end()
+
+    decode_cost = make_step_cost(
+        sc, model, hw["decode"], pools.decode.ep, pools.decode.redundant_experts_per_gpu
+    )
+    for g in range(pools.decode.groups):
+        cl.decode.append(
+            DecodeGroup(
+                env,
+                g,
+                pools.decode.ep,
+                decode_cost,
+                pools.decode.max_seqs_per_rank,
+                kv_cap,
+                seq_overhead,
+                imb.decode,
+                table,
+                on_decode_done,
+            )
+        )
+    balancer = make_balancer(sc.policies.decode_balancer, cl.decode)
+
+    link_bw = sc.network.pd_gbps_per_8_gpus * 1e9 / 8 * pools.prefill.ep / 8
+    for i in range(pools.prefill.instances):
+        cl.links.append(Link(env, f"pd{i}", link_bw, sc.network.pd_latency_s))
+
+    def on_transfer_done(rid: int) -> None:
+        table.t_transfer_end[rid] = env.now
+        cl.decode[int(table.decode_group[rid])].arrive(rid)
+
+    def on_prefill_done(rid: int, inst: int) -> None:
+        if table.output_len[rid] <= 1:  # the prefill's token is the whole answer
+            table.t_transfer_end[rid] = env.now
+            table.t_done[rid] = env.now
+            table.state[rid] = State.DONE
+            cl.count_end()
+            return
+        g, r = balancer.choose(rid)
+        cl.decode[g].assign(rid, r)
+        nbytes = kv_per_token * float(table.input_len[rid]) + slot_bytes
+        table.transfer_bytes[rid] = nbytes
+        table.state[rid] = State.TRANSFER
+        cl.links[inst].send(rid, nbytes, on_transfer_done)
+
+    prefill_cost = make_step_cost(
+        sc, model, hw["prefill"], pools.prefill.ep, pools.prefill.redundant_experts_per_gpu
+    )
+    for i in range(pools.prefill.instances):
+        cl.prefill.append(
+            PrefillInstance(
+                env,
+                i,
+                prefill_cost,
+                pools.prefill.ep,
+                pools.prefill.max_tokens_per_step,
+                imb.prefill,
+                table,
+                on_prefill_done,
+            )
+        )
+    router = make_router(sc.policies.prefill_router, cl.prefill)
+
+    def to_prefill(rid: int) -> None:
+        cl.prefill[router.choose(rid)].submit(rid)
+
+    if pools.vision.instances:
+        ve_hw = hw["vision"]
+        v = pools.vision
+        per_image = (
+            2 * v.encoder_params_b * 1e9 * v.tokens_per_image / (ve_hw.flops("bf16") * v.efficiency)
+        )
+        images = source.image_count
+        for i in range(v.instances):
+            cl.vision.append(VisionInstance(env, i, per_image, table, images, to_prefill))
+
+    max_ctx = model.max_context_tokens
+
+    def admit(rid: int) -> None:
+        cl.arrived += 1
+        need = float(table.input_len[rid] + table.output_len[rid])
+        if need > max_ctx:
+            table.reject(rid, RejectReason.CONTEXT_TOO_LONG)
+        elif need + seq_overhead > kv_cap:
+            table.reject(rid, RejectReason.KV_CAPACITY)
+        elif source.image_count[rid] > 0 and not cl.vision:
+            table.reject(rid, RejectReason.NO_VISION_ENCODER)
+        elif source.image_count[rid] > 0:
+            least_outstanding(cl.vision).submit(rid)
+            return
+        else:
+            to_prefill(rid)
+            return
+        cl.count_end()
+
+    def arrivals():
+        arrival = source.arrival_s
+        for rid in range(len(source)):
+            delay = arrival[rid] - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            admit(rid)
+
+    env.process(arrivals())
+    return cl
+
+
+def check_invariants(cl: Cluster) -> None:
+    """Conservation at the end of a run; a failure is a simulator bug and fails loudly."""
+    t = cl.table
+    errs: list[str] = []
+    states = np.bincount(t.state, minlength=len(State))
+    if int(states[State.PENDING]) != t.n - cl.arrived:
+        errs.append("arrived count does not match requests that left PENDING")
+    done, rejected = int(states[State.DONE]), int(states[State.REJECTED])
+    in_flight = cl.arrived - done - rejected
+    if in_flight < 0:
+        errs.append("more requests ended than arrived")
+    if done + rejected != cl.ended:
+        errs.append(f"ended counter {cl.ended} != done {done} + rejected {rejected}")
+    finished = t.state == State.DONE
+    if np.isnan(t.t_done[finished]).any():
+        errs.append("a completed request has no completion time")
+    order_ok = t.t_done[finished] >= t.arrival[finished] - 1e-9
+    if not order_ok.all():
+        errs.append("a request completed before it arrived")
+    for g in cl.decode:
+        errs.extend(g.check())
+        running = int(states[State.DECODE])
+        if sum(gr.n for gr in cl.decode) != running:
+            errs.append("running decode slots do not match requests in DECODE state")
+            break
+    in_transfer = int(states[State.TRANSFER])
+    if sum(link.active for link in cl.links) > in_transfer:
+        errs.append("more link flows than requests in TRANSFER state")
+    if errs:
+        raise InvariantError("; ".join(errs))
+
+
+def simulate(
+    sc: Scenario,
+    source: RequestSource | None = None,
+    progress: Callable[[float, int, int], None] | None = None,
+) -> Result:
+    """Run one scenario. ``source`` overrides the scenario's workload (tests, notebooks)."""
+    wall0 = time.perf_counter()
+    if source is None:
+        source = build_source(sc.workload, sc.seed)
+    cl = build_cluster(sc, source)
+    sampler = TimeseriesSampler(cl, sc.sim.timeseries_interval_s)
+    env = cl.env
+    horizon = sc.sim.horizon_s
+    assert cl.all_ended is not None
+    if len(source) == 0:
+        cl.all_ended.succeed()
+    step = max(1.0, float(source.arrival_s[-1]) / 50) if len(source) else 1.0
+    while not cl.all_ended.triggered:
+        target = env.now + step
+        if horizon is not None:
+            target = min(target, horizon)
+        env.run(until=simpy.AnyOf(env, [cl.all_ended, env.timeout(target - env.now)]))
+        if progress is not None:
+            progress(env.now, cl.ended, cl.table.n)
+        if horizon is not None and env.now >= horizon:
+            break
+    sampler.sample()
+    check_invariants(cl)
+    wall = time.perf_counter() - wall0
+    itl_stats, itl_max = itl_summary(cl.table, cl.decode)
+    summary = summarize(cl, itl_stats, wall)
+    return Result(
+        scenario=sc,
+        requests=cl.table.frame(itl_max),
+        timeseries=sampler.frame(),
+        summary=summary,
+    )

@@ -1,0 +1,46 @@
+"""Run metrics: latency distributions, throughput, goodput and cost, in vLLM-bench vocabulary.
+
+Small helpers shared by the summary, the ITL reconstruction and the result writer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50, 90, 99)
+
+
+def _nan_stats() -> dict[str, float]:
+    return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
+
+
+def dist_stats(values: np.ndarray | pd.Series) -> dict[str, float]:
+    """mean, p50, p90, p99 of the finite values (NaN when there are none)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return _nan_stats()
+    out = {"mean": float(v.mean())}
+    pct = np.percentile(v, PERCENTILES)
+    out.update({f"p{p}": float(x) for p, x in zip(PERCENTILES, pct, strict=True)})
+    return out
+
+
+def round_floats(obj: Any, digits: int = 6) -> Any:
+    """Round floats to significant digits so summary.json is stable and readable."""
+    if isinstance(obj, float):
+        if not np.isfinite(obj):
+            return None
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: round_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [round_floats(v, digits) for v in obj]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return round_floats(float(obj), digits)
+    return obj

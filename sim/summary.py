@@ -1,0 +1,144 @@
+"""summary.json: the run's headline numbers, in vLLM-bench vocabulary plus cost and revenue.
+
+Throughput is measured over the run's makespan (first arrival to last completion), as vLLM's
+benchmark does. Goodput counts completed requests that met both SLOs (TTFT and TPOT).
+Cost multiplies the GPUs of each pool by its hardware's price; revenue applies the configured
+per-token prices to the tokens served (revenue, not cost, aggregated over VE, prefill and decode,
+the way DeepSeek's published $/GPU-hour figure is).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..models.registry import load_hardware
+from .metrics import dist_stats
+from .requests import RejectReason, State
+
+if TYPE_CHECKING:
+    from .engine import Cluster
+
+
+def _cost(cl: Cluster, out_tok_s: float, in_tok_s: float) -> dict[str, Any]:
+    sc = cl.sc
+    pools = sc.pools
+    gpus = {"vision": pools.vision.gpus, "prefill": pools.prefill.gpus, "decode": pools.decode.gpus}
+    price = sc.prices.gpu_hour_usd
+    usd_h = sum(
+        n * price[load_hardware(hw).name]
+        for n, hw in zip(
+            gpus.values(),
+            (pools.vision.hardware, pools.prefill.hardware, pools.decode.hardware),
+            strict=True,
+        )
+    )
+    usd_h += pools.storage.nodes * sc.prices.storage_node_hour_usd
+    total_gpus = sum(gpus.values())
+    rev = sc.prices.revenue
+    revenue_h = (
+        (in_tok_s * rev.input_per_mtok_usd + out_tok_s * rev.output_per_mtok_usd) * 3600 / 1e6
+    )
+    out_mtok_h = out_tok_s * 3600 / 1e6
+    return {
+        "gpus": {**gpus, "total": total_gpus},
+        "storage_nodes": pools.storage.nodes,
+        "usd_per_hour": usd_h,
+        "usd_per_mtok_output": usd_h / out_mtok_h if out_mtok_h > 0 else None,
+        "revenue_usd_per_hour": revenue_h,
+        "revenue_per_gpu_hour_usd": revenue_h / total_gpus if total_gpus else None,
+    }
+
+
+def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[str, Any]:
+    t = cl.table
+    sc = cl.sc
+    states = np.bincount(t.state, minlength=len(State))
+    done = t.state == State.DONE
+    completed = int(done.sum())
+    rejected = int(states[State.REJECTED])
+    reasons = np.bincount(t.reject_reason[t.state == State.REJECTED], minlength=len(RejectReason))
+    first_token = t.t_transfer_end
+    ttft = (first_token - t.arrival)[done]
+    dec = np.maximum(t.output_len - 1, 0)
+    has_dec = done & (dec > 0)
+    tpot = (t.t_done[has_dec] - first_token[has_dec]) / dec[has_dec]
+    e2e = (t.t_done - t.arrival)[done]
+    arrived_mask = t.state != State.PENDING
+    start = float(t.arrival[arrived_mask].min()) if arrived_mask.any() else 0.0
+    end = float(np.nanmax(t.t_done[done])) if completed else cl.env.now
+    makespan = max(end - start, 1e-12)
+    in_tok = float(t.input_len[done].sum())
+    out_tok = float(t.output_len[done].sum())
+    in_s, out_s = in_tok / makespan, out_tok / makespan
+    pools = sc.pools
+    good = done.copy()
+    good[done] = ttft <= sc.slo.ttft_s
+    tpot_full = np.full(t.n, 0.0)
+    tpot_full[has_dec] = tpot
+    good &= tpot_full <= sc.slo.tpot_s
+    n_good = int(good.sum())
+    seq_steps = sum(g.tokens_out for g in cl.decode)
+    steps = sum(g.steps for g in cl.decode)
+    ranks = pools.decode.groups * pools.decode.ep
+    return {
+        "scenario": sc.name,
+        "requests": {
+            "arrived": cl.arrived,
+            "completed": completed,
+            "rejected": rejected,
+            "in_flight": cl.arrived - completed - rejected,
+            "rejected_by_reason": {
+                r.name.lower(): int(reasons[r]) for r in RejectReason if r and reasons[r]
+            },
+        },
+        "latency": {
+            "ttft_s": dist_stats(ttft),
+            "tpot_s": dist_stats(tpot),
+            "itl_s": itl_stats,
+            "e2e_s": dist_stats(e2e),
+        },
+        "throughput": {
+            "duration_s": makespan,
+            "request_per_s": completed / makespan,
+            "input_tok_per_s": in_s,
+            "output_tok_per_s": out_s,
+            "total_tok_per_s": in_s + out_s,
+            "output_tok_per_s_per_gpu": out_s
+            / max(1, pools.prefill.gpus + pools.decode.gpus + pools.vision.gpus),
+            "input_tok_per_s_per_prefill_gpu": in_s / pools.prefill.gpus,
+            "output_tok_per_s_per_decode_gpu": out_s / pools.decode.gpus,
+        },
+        "goodput": {
+            "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+            "requests": n_good,
+            "request_per_s": n_good / makespan,
+            "fraction_of_completed": n_good / completed if completed else None,
+        },
+        "utilization": {
+            "vision": sum(v.busy_s for v in cl.vision) / (makespan * pools.vision.instances)
+            if cl.vision
+            else None,
+            "prefill": sum(p.busy_s for p in cl.prefill) / (makespan * pools.prefill.instances),
+            "decode": sum(g.busy_s for g in cl.decode) / (makespan * pools.decode.groups),
+        },
+        "decode": {
+            "steps": steps,
+            "mean_batch_per_rank": seq_steps / (steps * pools.decode.ep) if steps else 0.0,
+            "tokens_per_s_per_rank": out_s / ranks,
+            "kv_capacity_tokens_per_rank": cl.kv_capacity_tokens,
+        },
+        "transfer": {
+            "bytes": float(t.transfer_bytes.sum()),
+            "mean_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["mean"],
+            "p99_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["p99"],
+        },
+        "cost": _cost(cl, out_s, in_s),
+        "sim": {
+            "seed": sc.seed,
+            "simulated_s": cl.env.now,
+            "events": cl.env.events,
+            "wall_s": wall_s,
+        },
+    }

@@ -1,0 +1,82 @@
+"""Time series of a run: one sample per interval of simulated time (one event per sample).
+
+Each sample records cumulative counts, queue depths, utilization over the last interval and
+token rates, so ``timeseries.parquet`` shows how the cluster filled, saturated and drained.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from .requests import State
+
+if TYPE_CHECKING:
+    from .engine import Cluster
+
+
+class TimeseriesSampler:
+    def __init__(self, cl: Cluster, interval_s: float) -> None:
+        self.cl = cl
+        self.interval = interval_s
+        self.rows: list[dict[str, float]] = []
+        self._prev = self._counters()
+        cl.env.process(self._run())
+
+    def _counters(self) -> dict[str, float]:
+        cl = self.cl
+        return {
+            "t": cl.env.now,
+            "prefill_busy": sum(p.busy_s for p in cl.prefill),
+            "decode_busy": sum(g.busy_s for g in cl.decode),
+            "vision_busy": sum(v.busy_s for v in cl.vision),
+            "prefill_tokens": sum(p.tokens_done for p in cl.prefill),
+            "output_tokens": sum(g.tokens_out for g in cl.decode),
+        }
+
+    def _run(self):
+        while True:
+            yield self.cl.env.timeout(self.interval)
+            self.sample()
+
+    def sample(self) -> None:
+        cl = self.cl
+        now = self._counters()
+        dt = now["t"] - self._prev["t"]
+        if dt <= 0:
+            return
+        states = np.bincount(cl.table.state, minlength=len(State))
+        pools = cl.sc.pools
+        batches = np.concatenate([g.batch for g in cl.decode])
+        reserved = np.concatenate([g.reserved for g in cl.decode])
+
+        def util(key: str, units: int) -> float:
+            return (now[key] - self._prev[key]) / (dt * units) if units else 0.0
+
+        self.rows.append(
+            {
+                "t_s": now["t"],
+                "arrived": cl.arrived,
+                "completed": int(states[State.DONE]),
+                "rejected": int(states[State.REJECTED]),
+                "vision_queue": sum(len(v.queue) for v in cl.vision),
+                "prefill_queue": sum(len(p.queue) for p in cl.prefill),
+                "transfers_in_flight": sum(link.active for link in cl.links),
+                "decode_waiting": sum(g.n_waiting for g in cl.decode),
+                "decode_running": sum(g.n for g in cl.decode),
+                "decode_batch_mean": float(batches.mean()),
+                "decode_batch_max": int(batches.max()),
+                "decode_kv_reserved_frac": float(reserved.mean() / cl.kv_capacity_tokens),
+                "vision_util": util("vision_busy", pools.vision.instances),
+                "prefill_util": util("prefill_busy", pools.prefill.instances),
+                "decode_util": util("decode_busy", pools.decode.groups),
+                "prefill_tok_per_s": (now["prefill_tokens"] - self._prev["prefill_tokens"]) / dt,
+                "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
+            }
+        )
+        self._prev = now
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)

@@ -1,0 +1,79 @@
+"""Shared fixtures: tiny synthetic workloads and scenarios that run in milliseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from deepinfer_sim.scenario import Scenario, scenario_from_dict
+from deepinfer_sim.traces import RequestSource
+
+
+def make_source(
+    arrivals: Any,
+    input_len: Any,
+    output_len: Any,
+    images: Any = None,
+    classes: Any = None,
+    class_names: tuple[str, ...] = ("chatbot",),
+    block_tokens: int = 512,
+) -> RequestSource:
+    """A source whose requests share no prefix blocks (fresh ids for every block)."""
+    arrivals = np.asarray(arrivals, dtype=float)
+    n = arrivals.size
+    input_len = np.broadcast_to(np.asarray(input_len, dtype=np.int64), (n,))
+    output_len = np.broadcast_to(np.asarray(output_len, dtype=np.int64), (n,))
+    blocks = -(-input_len // block_tokens)
+    offsets = np.concatenate([[0], np.cumsum(blocks)])
+    return RequestSource.from_columns(
+        arrival_s=arrivals,
+        input_len=input_len,
+        output_len=output_len,
+        block_offsets=offsets,
+        block_hashes=np.arange(offsets[-1]),
+        block_tokens=block_tokens,
+        image_count=None if images is None else np.broadcast_to(images, (n,)),
+        traffic_class=None if classes is None else classes,
+        class_names=class_names,
+        name="synthetic",
+    )
+
+
+def tiny_dict(**over: Any) -> dict[str, Any]:
+    """A small deployment: 2 prefill instances (EP2) + one EP8 decode group on B200."""
+    data: dict[str, Any] = {
+        "name": "tiny",
+        "seed": 1,
+        "pools": {
+            "prefill": {"instances": 2, "ep": 2, "hardware": "b200"},
+            "decode": {"groups": 1, "ep": 8, "hardware": "b200", "max_seqs_per_rank": 64},
+        },
+        "workload": {"trace": "builtin:mooncake_conversation", "max_requests": 200},
+        "sim": {"progress": False, "timeseries_interval_s": 0.5},
+    }
+    for key, value in over.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return data
+
+
+@pytest.fixture
+def tiny() -> Callable[..., Scenario]:
+    """``tiny(**{"pools.decode.ep": 16})`` -> a validated tiny Scenario."""
+
+    def build(**over: Any) -> Scenario:
+        return scenario_from_dict(tiny_dict(**over))
+
+    return build
+
+
+@pytest.fixture
+def synthetic() -> Callable[..., RequestSource]:
+    """``synthetic(arrivals, input_len, output_len, images=None)`` -> a RequestSource."""
+    return make_source

@@ -1,0 +1,84 @@
+"""The command line: a thin shell whose errors are one line and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from deepinfer_sim.cli import main
+
+
+@pytest.fixture
+def cli():
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(main, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+def test_run_writes_outputs_and_prints_a_summary(cli, tmp_path):
+    out = tmp_path / "run"
+    res = cli(
+        "run",
+        "default",
+        "--out",
+        str(out),
+        "--no-plots",
+        "--set",
+        "workload.max_requests=200",
+        "--set",
+        "workload.repeat=1",
+    )
+    assert res.exit_code == 0, res.output
+    assert "TTFT" in res.output and "results in" in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"]["completed"] == 200
+    assert "pools:" in (out / "config.resolved.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "default", "--set", "pools.decode.epp=3"], "pools.decode.epp: unknown key"),
+        (["run", "default", "--set", "nokeyvalue"], "expected KEY=VALUE"),
+        (["run", "no-such-scenario"], "no scenario file or bundled scenario"),
+        (["run", "default", "--set", "workload.trace=/no/such.jsonl"], "no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    res = cli(*args)
+    assert res.exit_code == 2
+    assert message in res.output
+    assert "Traceback" not in res.output
+    assert res.output.count("error:") == 1
+
+
+def test_malformed_trace_names_file_and_line(cli, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": 1, "input_length": "x", "output_length": 5, "hash_ids": [2]}\n'
+    )
+    res = cli(
+        "run",
+        "default",
+        "--set",
+        f"workload.trace={trace}",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "o"),
+    )
+    assert res.exit_code == 2
+    assert "t.jsonl:2" in res.output and "input_length" in res.output
+
+
+def test_schema_and_show(cli):
+    res = cli("schema")
+    assert res.exit_code == 0
+    assert "properties" in json.loads(res.output)
+    res = cli("show", "default", "--set", "pools.decode.ep=128")
+    assert res.exit_code == 0 and "ep: 128" in res.output
