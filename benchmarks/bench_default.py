@@ -52,7 +52,8 @@ def main() -> None:
         "scenario": "default",
         "overrides": args.overrides,
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
         "median_wall_s": round(wall, 3),
         "simulated_s": round(sim_s, 1),
         "requests": reqs,

@@ -91,9 +91,11 @@ class TermSum:
 
     def at(self, L: ArrayLike) -> ArrayLike:
         """Per-query value at context length L (vectorized)."""
-        L = np.asarray(L, dtype=float)
-        capped = (self.weight * np.minimum(self.slope * L[None], self.cap)).sum(axis=0)
-        return capped + self.lin_w * L if capped.ndim else float(capped) + self.lin_w * L
+        x = np.asarray(L, dtype=float)
+        flat = x.reshape(-1)
+        capped = (self.weight * np.minimum(self.slope * flat[None], self.cap)).sum(axis=0)
+        out = (capped + self.lin_w * flat).reshape(x.shape)
+        return float(out) if x.ndim == 0 else out
 
     def _integral(self, x: float) -> float:
         total = self.lin_w * x * x / 2

@@ -9,6 +9,7 @@ time; the hot path only sees the plain numbers they produce.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import Literal
 
@@ -70,7 +71,8 @@ class LayerGroup(FrozenModel):
     attention: AttentionKind
     compression: int = Field(1, ge=1)
     in_prefill: bool = True
-    kv_stored: bool = True
+    kv_stored: bool = True  # in the prefix cache and the P->D transfer
+    kv_projected: bool = False  # rebuilt in decode HBM from stored state, never stored itself
 
 
 class MoE(FrozenModel):
@@ -239,13 +241,20 @@ class ModelSpec(FrozenModel):
         return self.dense_weight_bytes + experts
 
     def kv_bytes_per_token(self, accounting: Literal["stored", "bf16"] = "stored") -> float:
-        """Block-cache bytes per context token (prefix cache, P->D transfer, decode HBM)."""
+        """Block-cache bytes per context token kept in the prefix cache and sent P->D."""
+        return self._kv_bytes(accounting, lambda g: g.kv_stored)
+
+    def kv_hbm_bytes_per_token(self) -> float:
+        """Block-cache bytes per context token a decode rank holds (stored + projected caches)."""
+        return self._kv_bytes("stored", lambda g: g.kv_stored or g.kv_projected)
+
+    def _kv_bytes(self, accounting: str, include: Callable[[LayerGroup], bool]) -> float:
         a = self.attention
         main = 2.0 if accounting == "bf16" else dtype_bytes(self.precision.kv_main)
         idx = 2.0 if accounting == "bf16" else dtype_bytes(self.precision.kv_indexer)
         total = 0.0
         for g in self.layer_groups:
-            if not g.kv_stored:
+            if not include(g):
                 continue
             per = a.head_dim * main
             if g.attention == "csa":

@@ -26,11 +26,12 @@ import simpy
 
 from ..models.cost import StepCost
 from .requests import RequestTable, State
+from .steploop import StepLoop
 
 _IDLE = np.iinfo(np.int64).max // 2  # tokens-left of an empty slot: never finishes
 
 
-class DecodeGroup:
+class DecodeGroup(StepLoop):
     def __init__(
         self,
         env: simpy.Environment,
@@ -44,7 +45,7 @@ class DecodeGroup:
         table: RequestTable,
         on_done: Callable[[int], None],
     ) -> None:
-        self.env = env
+        super().__init__(env)
         self.idx = idx
         self.ep = ep
         self.cost = cost
@@ -54,9 +55,10 @@ class DecodeGroup:
         self.imbalance = imbalance
         self.table = table
         self.on_done = on_done
-        # per-rank state
-        self.batch = np.zeros(ep, dtype=np.float64)  # running sequences
-        self.kv = np.zeros(ep, dtype=np.float64)  # context tokens held by running sequences
+        # per-rank state; batch and kv are the rows of one array the cost model reads at once
+        self.load = np.zeros((2, ep), dtype=np.float64)
+        self.batch = self.load[0]  # running sequences
+        self.kv = self.load[1]  # context tokens held by running sequences
         self.reserved = np.zeros(ep, dtype=np.float64)  # KV tokens reserved by admission
         self.assigned = np.zeros(ep, dtype=np.int64)  # routed here and not finished
         self.waiting: list[deque[int]] = [deque() for _ in range(ep)]
@@ -79,8 +81,6 @@ class DecodeGroup:
         self.step_new: list[int] = []
         self.busy_s = 0.0
         self.tokens_out = 0
-        self._wake: simpy.Event | None = None
-        env.process(self._run())
 
     @property
     def steps(self) -> int:
@@ -100,8 +100,7 @@ class DecodeGroup:
         self.waiting_ranks.add(rank)
         self.n_waiting += 1
         self.table.state[rid] = State.DECODE_WAIT
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self.kick()
 
     # ---- engine side --------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -137,21 +136,14 @@ class DecodeGroup:
             if not q:
                 self.waiting_ranks.discard(rank)
 
-    def _run(self):
-        env = self.env
-        while True:
-            if self.n_waiting:
-                self._admit()
-            if self.n == 0:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
-            dt = self.cost.decode_step(self.batch, self.kv, 1.0, self.imbalance)
-            yield env.timeout(dt)
-            self._advance(dt)
+    def begin_step(self) -> float | None:
+        if self.n_waiting:
+            self._admit()
+        if self.n == 0:
+            return None
+        return self.cost.decode_step_packed(self.load, 1.0, self.imbalance)
 
-    def _advance(self, dt: float) -> None:
+    def end_step(self, dt: float) -> None:
         """Every running sequence emitted one token; retire the finished ones."""
         n = self.n
         k = self.steps
@@ -169,28 +161,32 @@ class DecodeGroup:
         idx = np.flatnonzero(left <= 0)
         if idx.size == 0:
             return
+        # Few sequences finish per step: scalar bookkeeping beats a dozen small numpy calls.
         t = self.table
-        rids = self.s_req[idx]
-        ranks = self.s_rank[idx]
-        t.t_done[rids] = now
-        t.decode_last_step[rids] = k
-        t.state[rids] = State.DONE
-        context = (t.input_len[rids] + t.output_len[rids]).astype(np.float64)
-        finished = np.bincount(ranks, minlength=self.ep)
-        self.batch -= finished
-        # the last token is emitted, never attended to: the sequence held context - 1 tokens
-        self.kv -= np.bincount(ranks, weights=context - 1, minlength=self.ep)
-        self.reserved -= np.bincount(ranks, weights=context + self.seq_overhead, minlength=self.ep)
-        self.assigned -= finished
-        self.s_left[idx] = _IDLE
-        self.s_req[idx] = -1
-        self.n = n - idx.size
+        s_req, s_rank = self.s_req, self.s_rank
+        batch, kv, reserved, assigned = self.batch, self.kv, self.reserved, self.assigned
+        finished = []
+        for i in idx.tolist():
+            rid = int(s_req[i])
+            r = int(s_rank[i])
+            context = float(t.input_len[rid] + t.output_len[rid])
+            batch[r] -= 1
+            kv[r] -= context - 1  # the last token is emitted, never attended to
+            reserved[r] -= context + self.seq_overhead
+            assigned[r] -= 1
+            t.t_done[rid] = now
+            t.decode_last_step[rid] = k
+            t.state[rid] = State.DONE
+            s_req[i] = -1
+            self.s_left[i] = _IDLE
+            finished.append(rid)
+        self.n = n - len(finished)
         if self.n == 0:
             self.hw = 0
             self.free.clear()
         else:
             self.free.extend(idx.tolist())
-        for rid in rids.tolist():
+        for rid in finished:
             self.on_done(rid)
 
     # ---- after the run ------------------------------------------------------------------------

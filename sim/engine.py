@@ -42,15 +42,14 @@ from .vision import VisionInstance, least_outstanding
 
 
 class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts scheduled events (reported as ``sim.events``)."""
+    """A SimPy environment that reports how many events it scheduled (``sim.events``)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.events = 0
-
-    def schedule(self, event, priority=1, delay=0):
-        self.events += 1
-        super().schedule(event, priority, delay)
+    @property
+    def events(self) -> int:
+        # SimPy numbers every scheduled event from one counter; peeking at it costs nothing on
+        # the hot path (overriding schedule() would cost a Python call per event).
+        # repr(itertools.count(7)) == "count(7)"
+        return int(repr(self._eid)[len("count(") : -1])
 
 
 def make_step_cost(
@@ -70,7 +69,7 @@ def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) 
             f"weights ({weights / 1e9:.1f} GB) + activation reserve do not fit in "
             f"{hw.name} HBM ({hw.hbm_bytes / 1e9:.0f} GB) at ep={pool.ep}",
         )
-    return free * pool.kv_hbm_fraction / model.kv_bytes_per_token()
+    return free * pool.kv_hbm_fraction / model.kv_hbm_bytes_per_token()
 
 
 def check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None:
@@ -97,7 +96,7 @@ class Cluster:
     decode: list[DecodeGroup]
     links: list[Link]
     kv_capacity_tokens: float
-    seq_overhead_tokens: float
+    seq_overhead_tokens: float  # per-sequence constant HBM (SWA slot) in KV-token units
     arrived: int = 0
     ended: int = 0
     all_ended: simpy.Event | None = None
@@ -119,7 +118,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     imb = sc.policies.expert_imbalance
     kv_cap = decode_kv_capacity_tokens(sc, model, hw["decode"])
     kv_per_token, slot_bytes = model.kv_bytes_per_token(), model.swa_slot_bytes
-    seq_overhead = slot_bytes / kv_per_token
+    seq_overhead = slot_bytes / model.kv_hbm_bytes_per_token()  # SWA slot in KV-token units
     cl = Cluster(sc, model, env, table, [], [], [], [], kv_cap, seq_overhead)
     cl.all_ended = env.event()
 

@@ -15,15 +15,15 @@ import simpy
 
 from ..models.cost import Chunk, StepCost
 from .requests import RequestTable, State
+from .steploop import StepLoop
 
 
-class PrefillInstance:
+class PrefillInstance(StepLoop):
     __slots__ = (
-        "_wake",
+        "batch",
         "busy_s",
         "cost",
         "dp",
-        "env",
         "idx",
         "imbalance",
         "max_tokens",
@@ -47,7 +47,7 @@ class PrefillInstance:
         table: RequestTable,
         on_done: Callable[[int, int], None],
     ) -> None:
-        self.env = env
+        super().__init__(env)
         self.idx = idx
         self.cost = cost
         self.dp = dp
@@ -61,8 +61,7 @@ class PrefillInstance:
         self.busy_s = 0.0
         self.steps = 0
         self.tokens_done = 0
-        self._wake: simpy.Event | None = None
-        env.process(self._run())
+        self.batch: list[int] = []
 
     @property
     def outstanding_tokens(self) -> int:
@@ -73,8 +72,7 @@ class PrefillInstance:
         self.queued_tokens += int(self.table.input_len[rid])
         self.table.state[rid] = State.PREFILL
         self.table.prefill_instance[rid] = self.idx
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self.kick()
 
     def _take_batch(self) -> tuple[list[int], list[list[Chunk]], int]:
         """FCFS whole prompts onto the least-loaded DP rank, within the per-rank budget."""
@@ -96,23 +94,22 @@ class PrefillInstance:
             tokens += n
         return batch, placed, tokens
 
-    def _run(self):
-        env, table = self.env, self.table
-        while True:
-            if not self.queue:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-            batch, placed, tokens = self._take_batch()
-            self.queued_tokens -= tokens
-            self.running_tokens = tokens
-            dt = self.cost.prefill_step(placed, self.imbalance)
-            table.t_prefill_start[batch] = env.now
-            yield env.timeout(dt)
-            self.busy_s += dt
-            self.steps += 1
-            self.tokens_done += tokens
-            self.running_tokens = 0
-            for rid in batch:
-                table.t_prefill_end[rid] = env.now
-                self.on_done(rid, self.idx)
+    def begin_step(self) -> float | None:
+        if not self.queue:
+            return None
+        batch, placed, tokens = self._take_batch()
+        self.queued_tokens -= tokens
+        self.running_tokens = tokens
+        self.batch = batch
+        self.table.t_prefill_start[batch] = self.env.now
+        return self.cost.prefill_step(placed, self.imbalance)
+
+    def end_step(self, dt: float) -> None:
+        self.busy_s += dt
+        self.steps += 1
+        self.tokens_done += self.running_tokens
+        self.running_tokens = 0
+        now = self.env.now
+        for rid in self.batch:
+            self.table.t_prefill_end[rid] = now
+            self.on_done(rid, self.idx)

@@ -13,9 +13,10 @@ from collections.abc import Callable, Sequence
 import simpy
 
 from .requests import RequestTable, State
+from .steploop import StepLoop
 
 
-class VisionInstance:
+class VisionInstance(StepLoop):
     def __init__(
         self,
         env: simpy.Environment,
@@ -25,42 +26,38 @@ class VisionInstance:
         images: Sequence[int],
         on_done: Callable[[int], None],
     ) -> None:
-        self.env = env
+        super().__init__(env)
         self.idx = idx
         self.seconds_per_image = seconds_per_image
         self.table = table
         self.images = images
         self.on_done = on_done
         self.queue: deque[int] = deque()
+        self.current = -1
         self.outstanding_images = 0
         self.busy_s = 0.0
         self.encoded = 0
-        self._wake: simpy.Event | None = None
-        env.process(self._run())
 
     def submit(self, rid: int) -> None:
         self.queue.append(rid)
         self.outstanding_images += int(self.images[rid])
         self.table.state[rid] = State.VISION
         self.table.vision_instance[rid] = self.idx
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self.kick()
 
-    def _run(self):
-        while True:
-            if not self.queue:
-                self._wake = self.env.event()
-                yield self._wake
-                self._wake = None
-            rid = self.queue.popleft()
-            k = int(self.images[rid])
-            dt = k * self.seconds_per_image
-            yield self.env.timeout(dt)
-            self.busy_s += dt
-            self.encoded += k
-            self.outstanding_images -= k
-            self.table.t_vision_done[rid] = self.env.now
-            self.on_done(rid)
+    def begin_step(self) -> float | None:
+        if not self.queue:
+            return None
+        self.current = self.queue.popleft()
+        return int(self.images[self.current]) * self.seconds_per_image
+
+    def end_step(self, dt: float) -> None:
+        rid, k = self.current, int(self.images[self.current])
+        self.busy_s += dt
+        self.encoded += k
+        self.outstanding_images -= k
+        self.table.t_vision_done[rid] = self.env.now
+        self.on_done(rid)
 
 
 def least_outstanding(instances: Sequence[VisionInstance]) -> VisionInstance:
