@@ -19,8 +19,9 @@ import yaml
 from pydantic import Field, model_validator
 
 from .errors import ConfigError
-from .models.cost import RooflineParams
+from .models.cost import RooflineParams, StepParams
 from .models.registry import bundled_dir, load_hardware, load_model, resolve
+from .models.spec import ModelSpec
 from .validation import FrozenModel, read_yaml, validate
 
 
@@ -172,8 +173,17 @@ class Prices(FrozenModel):
 
 
 class CostModel(FrozenModel):
-    kind: Literal["roofline"] = "roofline"
+    """Which step-cost model each pool uses: ``roofline`` or a calibration profile (a shipped
+    name such as ``sm100-derived``, or a path to a profile YAML)."""
+
+    prefill: str = "roofline"
+    decode: str = "roofline"
+    vision: str = "roofline"
     roofline: RooflineParams = RooflineParams()
+    step: StepParams = StepParams()
+
+    def for_pool(self, pool: str) -> str:
+        return str(getattr(self, pool))
 
 
 class SimSettings(FrozenModel):
@@ -308,6 +318,12 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
                 f"no price for hardware {name!r} used by pools.{pool}",
                 source,
             )
+        ref = sc.cost_model.for_pool(pool)
+        if ref != "roofline":
+            try:
+                check_profile(ref, load_model(sc.model, base_dir), name, base_dir)
+            except ConfigError as exc:
+                raise ConfigError(f"cost_model.{pool}", str(exc), source=source) from None
     trace = sc.workload.trace
     if not trace.startswith("builtin:") and not Path(trace).is_absolute():
         wl = sc.workload.model_copy(update={"trace": str((base_dir / trace).resolve())})
@@ -316,6 +332,26 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
     if model_ref.endswith((".yaml", ".yml")) and not Path(model_ref).is_absolute():
         sc = sc.model_copy(update={"model": str(resolve("models", model_ref, base_dir).resolve())})
     return sc
+
+
+def check_profile(ref: str, model: ModelSpec, hardware: str, base_dir: Path | None) -> None:
+    """A profile must cover the pool's hardware and have been measured at the model's widths."""
+    from .calibration.profile import load_profile
+
+    profile = load_profile(ref, base_dir)
+    profile.for_hardware(hardware)
+    measured = load_model(profile.model_family)
+    same = (
+        measured.hidden == model.hidden
+        and measured.attention == model.attention
+        and measured.moe.expert_width == model.moe.expert_width
+    )
+    if not same:
+        raise ConfigError(
+            "",
+            f"profile {profile.name!r} was measured at {profile.model_family} widths; "
+            f"model {model.name} has different widths (use roofline or calibrate it)",
+        )
 
 
 def load_scenario(ref: str | Path = "default", overrides: list[str] | None = None) -> Scenario:

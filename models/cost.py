@@ -33,6 +33,17 @@ Phase = Literal["prefill", "decode"]
 Chunk = tuple[int, int]  # (new tokens computed this step, prefix tokens already computed)
 
 
+class StepParams(FrozenModel):
+    """Engine-level knobs shared by every cost model (not measured by kernel calibration)."""
+
+    comm_overlap: float = Field(
+        0.7, ge=0, le=1, description="fraction of compute time that can hide all-to-all"
+    )
+    step_overhead_s: float = Field(
+        2e-4, ge=0, description="fixed cost per engine step (scheduling, sampling, sync)"
+    )
+
+
 class RooflineParams(FrozenModel):
     """Efficiency factors applied to datasheet peaks (the roofline cost model's only knobs)."""
 
@@ -41,11 +52,7 @@ class RooflineParams(FrozenModel):
         0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
     )
     memory_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of HBM bandwidth")
-    comm_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of link bandwidth")
-    comm_overlap: float = Field(
-        0.7, ge=0, le=1, description="fraction of compute time that can hide all-to-all"
-    )
-    step_overhead_s: float = Field(2e-4, ge=0, description="fixed cost per engine step")
+    comm_efficiency: float = Field(0.6, gt=0, le=1.5, description="fraction of link bandwidth")
     layer_overhead_s: float = Field(
         3e-5, ge=0, description="per layer per step (launches, synchronisation)"
     )
@@ -58,6 +65,49 @@ class PoolShape:
 
     ep: int
     redundant_experts_per_gpu: int
+
+
+class AllToAll:
+    """EP dispatch + combine time per step: per MoE layer, a latency plus the bytes each rank
+    sends, split between the scale-up domain (NVLink) and scale-out links in proportion to how
+    many of its peers sit inside its domain."""
+
+    __slots__ = ("_bw_in", "_bw_out", "_intra", "_latency", "_layers", "_per_token", "ep")
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        hw: HardwareSpec,
+        ep: int,
+        latency_s: float | None,
+        efficiency: float,
+    ) -> None:
+        self.ep = ep
+        self._per_token = (
+            model.moe.top_k
+            * model.hidden
+            * (
+                dtype_bytes(model.precision.activations_dispatch)
+                + dtype_bytes(model.precision.activations_combine)
+            )
+        )
+        self._layers = {ph: model.moe_layer_count(ph) for ph in ("prefill", "decode")}
+        in_domain = min(ep, hw.scaleup.domain_gpus)
+        self._intra = (in_domain - 1) / (ep - 1) if ep > 1 else 1.0
+        if latency_s is None:  # datasheet latency of the link kind the group spans
+            inside = ep <= hw.scaleup.domain_gpus
+            latency_s = hw.scaleup.latency_s if inside else hw.scaleout.latency_s
+        self._latency = 2 * latency_s  # dispatch and combine
+        self._bw_in = hw.scaleup.bytes_per_s_per_dir * efficiency
+        self._bw_out = hw.scaleout.bytes_per_s * efficiency
+
+    def time(self, tokens_per_rank: float, phase: Phase) -> float:
+        if self.ep <= 1 or tokens_per_rank <= 0:
+            return 0.0
+        nbytes = tokens_per_rank * self._per_token * (self.ep - 1) / self.ep
+        intra, inter = nbytes * self._intra, nbytes * (1 - self._intra)
+        transfer = max(intra / self._bw_in, inter / self._bw_out)
+        return (self._latency + transfer) * self._layers[phase]
 
 
 class StepCost(ABC):
@@ -127,10 +177,12 @@ class RooflineStepCost(StepCost):
         hw: HardwareSpec,
         shape: PoolShape,
         params: RooflineParams,
+        step: StepParams | None = None,
     ) -> None:
+        step = step or StepParams()
         self.model, self.hw, self.shape, self.params = model, hw, shape, params
-        self.step_overhead_s = params.step_overhead_s
-        self.comm_overlap = params.comm_overlap
+        self.step_overhead_s = step.step_overhead_s
+        self.comm_overlap = step.comm_overlap
         self.attn = AttentionCost.of(model)
         eff = params.gemm_efficiency
         dense_rate = hw.flops(compute_class(model.precision.dense)) * eff
@@ -172,31 +224,7 @@ class RooflineStepCost(StepCost):
             [[self._c_batch, self._c_kv], [self._m_batch, self._m_kv], [1.0, 0.0]]
         )
         self._packed_offset = np.array([[0.0], [self._m0], [0.0]])
-        self._a2a_bytes_per_token = (
-            model.moe.top_k
-            * model.hidden
-            * (
-                dtype_bytes(model.precision.activations_dispatch)
-                + dtype_bytes(model.precision.activations_combine)
-            )
-        )
-        self._a2a_link = self._a2a_link_model(hw, ep, params.comm_efficiency)
-        self._moe_layers = {ph: model.moe_layer_count(ph) for ph in ("prefill", "decode")}
-
-    @staticmethod
-    def _a2a_link_model(hw: HardwareSpec, ep: int, eff: float) -> tuple[float, float, float, float]:
-        """(latency per layer, intra-domain share, intra bytes/s, inter bytes/s) of an EP group."""
-        if ep <= 1:
-            return 0.0, 1.0, 1.0, 1.0
-        in_domain = min(ep, hw.scaleup.domain_gpus)
-        intra_share = (in_domain - 1) / (ep - 1)
-        latency = hw.scaleup.latency_s if ep <= hw.scaleup.domain_gpus else hw.scaleout.latency_s
-        return (
-            2 * latency,
-            intra_share,
-            hw.scaleup.bytes_per_s_per_dir * eff,
-            hw.scaleout.bytes_per_s * eff,
-        )
+        self._a2a = AllToAll(model, hw, ep, None, params.comm_efficiency)
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
@@ -237,10 +265,4 @@ class RooflineStepCost(StepCost):
         return self.compose(dense_max, moe, imbalance, comm)
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
-        if self.shape.ep <= 1 or tokens_per_rank <= 0:
-            return 0.0
-        latency, intra, bw_in, bw_out = self._a2a_link
-        ep = self.shape.ep
-        nbytes = tokens_per_rank * self._a2a_bytes_per_token * (ep - 1) / ep
-        per_layer = latency + max(nbytes * intra / bw_in, nbytes * (1 - intra) / bw_out)
-        return per_layer * self._moe_layers[phase]
+        return self._a2a.time(tokens_per_rank, phase)

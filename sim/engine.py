@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from ..calibration.profile import load_profile
 from ..errors import ConfigError, InvariantError
 from ..models.cost import PoolShape, RooflineStepCost, StepCost
 from ..models.hardware import HardwareSpec
+from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_hardware, load_model
 from ..models.spec import ModelSpec
 from ..scenario import Scenario
@@ -53,9 +55,16 @@ class CountingEnvironment(simpy.Environment):
 
 
 def make_step_cost(
-    sc: Scenario, model: ModelSpec, hw: HardwareSpec, ep: int, redundant: int
+    sc: Scenario, pool: str, model: ModelSpec, hw: HardwareSpec, ep: int, redundant: int
 ) -> StepCost:
-    return RooflineStepCost(model, hw, PoolShape(ep, redundant), sc.cost_model.roofline)
+    """The pool's StepCost: the roofline, or the named calibration profile on this hardware."""
+    cm = sc.cost_model
+    ref = cm.for_pool(pool)
+    shape = PoolShape(ep, redundant)
+    if ref == "roofline":
+        return RooflineStepCost(model, hw, shape, cm.roofline, cm.step)
+    profile = load_profile(ref)
+    return ProfileStepCost(model, hw, shape, profile.for_hardware(hw.name), cm.step, profile.name)
 
 
 def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:
@@ -81,6 +90,18 @@ def check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None
             f"weights ({weights / 1e9:.1f} GB per GPU) do not fit in {hw.name} HBM "
             f"({hw.hbm_bytes / 1e9:.0f} GB) at ep={pool.ep}; use a wider EP",
         )
+
+
+def vision_seconds_per_image(sc: Scenario, hw: HardwareSpec) -> float:
+    """Encoder time per image: the profile's measurement, else a roofline of the encoder."""
+    ref = sc.cost_model.vision
+    if ref != "roofline":
+        measured = load_profile(ref).for_hardware(hw.name).vision_seconds_per_image
+        if measured is None:
+            raise ConfigError("cost_model.vision", f"profile {ref!r} has no vision measurement")
+        return measured
+    v = sc.pools.vision
+    return 2 * v.encoder_params_b * 1e9 * v.tokens_per_image / (hw.flops("bf16") * v.efficiency)
 
 
 @dataclass
@@ -126,7 +147,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         cl.count_end()
 
     decode_cost = make_step_cost(
-        sc, model, hw["decode"], pools.decode.ep, pools.decode.redundant_experts_per_gpu
+        sc, "decode", model, hw["decode"], pools.decode.ep, pools.decode.redundant_experts_per_gpu
     )
     for g in range(pools.decode.groups):
         cl.decode.append(
@@ -168,7 +189,12 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         cl.links[inst].send(rid, nbytes, on_transfer_done)
 
     prefill_cost = make_step_cost(
-        sc, model, hw["prefill"], pools.prefill.ep, pools.prefill.redundant_experts_per_gpu
+        sc,
+        "prefill",
+        model,
+        hw["prefill"],
+        pools.prefill.ep,
+        pools.prefill.redundant_experts_per_gpu,
     )
     for i in range(pools.prefill.instances):
         cl.prefill.append(
@@ -191,9 +217,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     if pools.vision.instances:
         ve_hw = hw["vision"]
         v = pools.vision
-        per_image = (
-            2 * v.encoder_params_b * 1e9 * v.tokens_per_image / (ve_hw.flops("bf16") * v.efficiency)
-        )
+        per_image = vision_seconds_per_image(sc, ve_hw)
         images = source.image_count
         for i in range(v.instances):
             cl.vision.append(VisionInstance(env, i, per_image, table, images, to_prefill))

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from deepinfer_sim.models.attention import AttentionCost, TermSum
-from deepinfer_sim.models.cost import PoolShape, RooflineParams, RooflineStepCost
+from deepinfer_sim.models.cost import PoolShape, RooflineParams, RooflineStepCost, StepParams
 from deepinfer_sim.models.registry import bundled_dir, load_hardware, load_model
 from deepinfer_sim.models.spec import ModelSpec
 
@@ -56,9 +56,14 @@ def cost(
     ep: int = 4,
     redundant: int = 4,
     params: RooflineParams | None = None,
+    step: StepParams | None = None,
 ) -> RooflineStepCost:
     return RooflineStepCost(
-        load_model(name), load_hardware(hw), PoolShape(ep, redundant), params or RooflineParams()
+        load_model(name),
+        load_hardware(hw),
+        PoolShape(ep, redundant),
+        params or RooflineParams(),
+        step or StepParams(),
     )
 
 
@@ -523,7 +528,7 @@ def test_compose_hides_communication_behind_compute() -> None:
     DeepEP's two-micro-batch overlap runs one micro-batch's communication under the other's
     compute; with overlap 0.7 and 10 ms of compute, up to 7 ms of communication is free.
     """
-    c = cost(params=RooflineParams(comm_overlap=0.7, step_overhead_s=2e-4))
+    c = cost(step=StepParams(comm_overlap=0.7, step_overhead_s=2e-4))
     overhead = 2e-4
     assert c.compose(6e-3, 4e-3, 1.0, 0.0) == pytest.approx(overhead + 10e-3)
     assert c.compose(6e-3, 4e-3, 1.0, 5e-3) == pytest.approx(overhead + 10e-3)
@@ -534,7 +539,7 @@ def test_compose_hides_communication_behind_compute() -> None:
 
 def test_compose_without_overlap_serialises_communication() -> None:
     """With comm_overlap 0 nothing hides: step = overhead + compute + communication."""
-    c = cost(params=RooflineParams(comm_overlap=0.0, step_overhead_s=0.0))
+    c = cost(step=StepParams(comm_overlap=0.0, step_overhead_s=0.0))
     assert c.compose(6e-3, 4e-3, 1.0, 1e-3) == pytest.approx(11e-3)
 
 
