@@ -74,6 +74,14 @@ class HardwareCoefs(FrozenModel):
     moe: MoeCoef
     a2a: A2aCoef
     vision_seconds_per_image: float | None = None
+    decode_graphed: bool = Field(
+        False, description="decode fits are CUDA-graph replays (GPU time, no launch gaps)"
+    )
+    decode_host_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description="per layer per decode step: eager launch cost on top of the graphed time",
+    )
 
 
 class Provenance(FrozenModel):
@@ -114,6 +122,17 @@ class Profile(FrozenModel):
                 f"(it covers {', '.join(sorted(self.hardware))})",
             )
         return self.hardware[hw]
+
+
+def write_profile(profile: Profile, path: Path) -> None:
+    """Write a profile as YAML (coefficients first, raw measurements last)."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False, width=110)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def profiles_dir() -> Path:

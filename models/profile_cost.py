@@ -7,6 +7,10 @@ once, at construction, into a handful of coefficients, so every call on the hot 
     prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i²)        (sums over prefill layers)
     decode_dense(rank)    = Σ_kinds count·(a + max(w, b·T) + c·K + d·B)   (vectorized over ranks)
     moe_s(tokens)         = moe_layers · (a + max(e·E_local, f·tokens·top_k))
+
+Decode fits are CUDA-graph replays where capture worked (production engines graph their decode
+step); ``eager_decode=True`` adds the measured per-layer launch overhead back, for comparing
+with an eager engine such as ``kernels/engine.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class ProfileStepCost(StepCost):
         coefs: HardwareCoefs,
         step: StepParams | None = None,
         profile_name: str = "profile",
+        eager_decode: bool = False,
     ) -> None:
         step = step or StepParams()
         self.model, self.hw, self.shape, self.coefs = model, hw, shape, coefs
@@ -61,7 +66,9 @@ class ProfileStepCost(StepCost):
         for g in model.layer_groups:
             counts[g.attention] = counts.get(g.attention, 0) + g.count
         self._dec = []
-        self._dec_const = 0.0
+        # an eager engine (like kernels/engine.py) also pays the launch gaps that CUDA graphs hide
+        host = coefs.decode_host_overhead_s if eager_decode else 0.0
+        self._dec_const = host * model.n_layers
         self._dec_kv = 0.0
         self._dec_seq = 0.0
         for kind, n in counts.items():

@@ -27,7 +27,8 @@ V4F = "deepseek-v4-flash"
 V4P = "deepseek-v4-pro"
 V3 = "deepseek-v3"
 
-BUNDLED_MODELS = {V41, V4F, V4P, V3}
+# SPEC.md §3's four models, plus the 3-layer V4.1-Flash stack the engine core validates with.
+BUNDLED_MODELS = {V41, V4F, V4P, V3, "deepseek-v4.1-flash-mini"}
 # SPEC.md §4 lists these six; h100 and l40s are extra bundled datasheets.
 SPEC_HARDWARE = {"b200", "gb200", "h200", "h800", "ascend950dt", "ascend950pr"}
 

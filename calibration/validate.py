@@ -1,0 +1,160 @@
+"""Validate the simulator against the real engine core: same requests, same shape, same policy.
+
+The engine core (``kernels/engine.py``) replays a small trace on the GPU in two disaggregated
+halves, as the simulator models them:
+
+- **prefill only**: prompts arrive in real time; the engine takes queued prompts first come,
+  first served, whole, up to a token budget per step. TTFT = prefill completion − arrival.
+- **decode only**: requests arrive with their prompt already in cache and decode
+  ``output_len − 1`` tokens, admitted first come, first served up to a batch limit.
+  TPOT = (completion − arrival) / (output_len − 1).
+
+Here the simulator replays the very same request lists through a one-rank ``PrefillInstance`` and
+a one-rank ``DecodeGroup`` whose StepCost is built from a calibration profile, and the two are
+compared request by request. The engine's measured results are kept in the repository
+(``calibration/validation/``) so CPU tests can re-check the simulator's prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from ..models.cost import PoolShape, StepParams
+from ..models.profile_cost import ProfileStepCost
+from ..models.registry import load_hardware, load_model
+from ..sim.decode import DecodeGroup
+from ..sim.prefill import PrefillInstance
+from ..sim.requests import RequestTable
+from ..traces import RequestSource
+from .profile import Profile
+
+
+@dataclass(frozen=True)
+class ReplayShape:
+    model: str = "deepseek-v4.1-flash-mini"
+    hardware: str = "h200"
+    prefill_token_budget: int = 16384
+    max_decode_batch: int = 64
+    step_overhead_s: float = 0.0
+
+
+def _source(frame: pd.DataFrame) -> RequestSource:
+    n = len(frame)
+    inp = frame["prompt_len"].to_numpy(np.int64)
+    blocks = -(-inp // 512)
+    offsets = np.concatenate([[0], np.cumsum(blocks)])
+    return (
+        RequestSource.from_columns(
+            arrival_s=frame["arrival_s"].to_numpy(float),
+            input_len=inp,
+            output_len=frame["output_len"].to_numpy(np.int64),
+            block_offsets=offsets,
+            block_hashes=np.arange(offsets[-1]),
+            block_tokens=512,
+            name="replay",
+            sort=False,
+        )
+        if n
+        else RequestSource.from_columns(
+            arrival_s=[],
+            input_len=[],
+            output_len=[],
+            block_offsets=[0],
+            block_hashes=[],
+            block_tokens=512,
+        )
+    )
+
+
+def _cost(profile: Profile, shape: ReplayShape) -> ProfileStepCost:
+    model = load_model(shape.model)
+    hw = load_hardware(shape.hardware)
+    step = StepParams(comm_overlap=0.0, step_overhead_s=shape.step_overhead_s)
+    return ProfileStepCost(
+        model,
+        hw,
+        PoolShape(1, 0),
+        profile.for_hardware(hw.name),
+        step,
+        profile.name,
+        eager_decode=True,
+    )
+
+
+def simulate_prefill(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) -> np.ndarray:
+    """Simulated TTFT per request for a prefill-only replay of ``frame``."""
+    src = _source(frame)
+    env = simpy.Environment()
+    table = RequestTable(src)
+    inst = PrefillInstance(
+        env,
+        0,
+        _cost(profile, shape),
+        1,
+        shape.prefill_token_budget,
+        1.0,
+        table,
+        lambda rid, i: None,
+    )
+
+    def arrivals():  # type: ignore[no-untyped-def]
+        for rid in range(len(src)):
+            if src.arrival_s[rid] > env.now:
+                yield env.timeout(src.arrival_s[rid] - env.now)
+            inst.submit(rid)
+
+    env.process(arrivals())
+    env.run()
+    return table.t_prefill_end - src.arrival_s
+
+
+def simulate_decode(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) -> np.ndarray:
+    """Simulated TPOT per request for a decode-only replay of ``frame``."""
+    src = _source(frame)
+    env = simpy.Environment()
+    table = RequestTable(src)
+    group = DecodeGroup(
+        env,
+        0,
+        1,
+        _cost(profile, shape),
+        shape.max_decode_batch,
+        float("inf"),
+        0.0,
+        1.0,
+        table,
+        lambda rid: None,
+    )
+
+    def arrivals():  # type: ignore[no-untyped-def]
+        for rid in range(len(src)):
+            if src.arrival_s[rid] > env.now:
+                yield env.timeout(src.arrival_s[rid] - env.now)
+            table.t_transfer_end[rid] = env.now
+            group.assign(rid, 0)
+            group.arrive(rid)
+
+    env.process(arrivals())
+    env.run()
+    return (table.t_done - src.arrival_s) / np.maximum(src.output_len - 1, 1)
+
+
+def errors(measured: np.ndarray, simulated: np.ndarray) -> dict[str, Any]:
+    """Per-request relative error |sim − real| / real: p50, p90 and the signed median."""
+    rel = (simulated - measured) / measured
+    ok = np.isfinite(rel)
+    a = np.abs(rel[ok])
+    return {
+        "requests": int(ok.sum()),
+        "abs_rel_err_p50": float(np.percentile(a, 50)),
+        "abs_rel_err_p90": float(np.percentile(a, 90)),
+        "signed_rel_err_median": float(np.median(rel[ok])),
+        "measured_p50_s": float(np.median(measured[ok])),
+        "simulated_p50_s": float(np.median(simulated[ok])),
+        "p50_rel_err": float(np.median(simulated[ok]) / np.median(measured[ok]) - 1),
+    }

@@ -1,0 +1,138 @@
+"""Small device helpers shared by the kernels (private).
+
+* ``default_dtype(device)``: the compute dtype a kernel uses when none is given — bf16 on CUDA,
+  float32 on the CPU (where bf16 matmuls are slow and the tests want tight references).
+* ``empty(...)``: every kernel allocates its outputs through this. With ``POISON`` set (the
+  tests set it), the buffer starts as NaN, so an element the kernel forgot to write fails the
+  comparison with the reference instead of passing on whatever memory held (METHOD.md).
+* ``to_device(array)``: host index arrays go to the device through pinned memory with
+  ``non_blocking=True``: a plain ``torch.as_tensor(..., device="cuda")`` synchronizes the stream
+  and would stall the host once per layer.
+* ``fp8_supported(device)``: ``torch._scaled_mm`` needs compute capability >= 8.9.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+POISON = False  # tests switch this on: outputs start as NaN instead of uninitialized memory
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def as_device(device: str | torch.device | None) -> torch.device:
+    """A concrete device (CUDA with its index: ``set_device`` and generators want one)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def empty(shape: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if POISON and (dtype.is_floating_point and dtype.itemsize >= 2):
+        return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+def to_device(array: Any, device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    t = torch.as_tensor(np.ascontiguousarray(array)).to(dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def fp8_supported(device: torch.device) -> bool:
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    major, minor = torch.cuda.get_device_capability(device)
+    return (major, minor) >= (8, 9)
+
+
+def grouped_mm_supported(device: torch.device) -> bool:
+    """``torch._grouped_mm`` has a CUTLASS kernel on sm90+; elsewhere we loop (same function)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) >= (9, 0)
+    return True  # the CPU build of torch >= 2.9 carries a reference implementation
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def randn(
+    shape: Sequence[int],
+    *,
+    std: float,
+    gen: torch.Generator,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Normal(0, std²) drawn in float32 on the device, then cast (bf16 has no randn of its own)."""
+    t = torch.randn(tuple(shape), generator=gen, device=device, dtype=torch.float32)
+    return t.mul_(std).to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm computed in float32, returned in the input's dtype."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(x.dtype)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (NaN anywhere gives NaN, which never passes a bound)."""
+    o = out.detach().double().cpu()
+    r = ref.detach().double().cpu()
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-300))
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+class Timer:
+    """Median device time of a callable: CUDA events on CUDA, perf_counter elsewhere."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, fn: Any, *, warmup: int = 2, repeat: int = 5) -> float:
+        for _ in range(warmup):
+            fn()
+        synchronize(self.device)
+        times: list[float] = []
+        for _ in range(repeat):
+            if self.device.type == "cuda":
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return float(np.median(times))

@@ -1,0 +1,443 @@
+"""EngineCore: a small real inference engine over a reduced-depth stack of V4.1-style layers.
+
+It replays a request list in real time on the device, with random weights at full widths, so that
+step times, TTFT and TPOT come from real kernels under a real scheduler (the simulator's
+calibration target). Pieces:
+
+* **Layers**: ``layers=[(kind, runs_in_prefill), ...]``; each is an ``AttentionBlock`` (attention +
+  shared expert), a ``MoEBlock`` (routed experts local to this rank) and a ``KVPool``. Layers with
+  ``runs_in_prefill=False`` are the decoder layers of the "causal encoder-decoder" (SPEC.md §2.6):
+  every decoded token runs through them, but a prompt only through its *bounded replay* — when a
+  prompt's last chunk runs, the decoder layers' caches are filled (randomly, at no cost: their
+  block cache is projected from stored state, not computed here) up to the prompt length minus
+  ``decoder_replay_tokens`` (default ``spec.swa.bounded_replay_tokens``, 128), and those last
+  tokens are prefilled through them.
+* **Batching**: each step is ONE mixed batch: prefill chunks (per-sequence attention) and all
+  decode sequences (bucketed varlen attention, ``DecodePlan``) share the projections, the shared
+  expert and one grouped-GEMM MoE call per layer.
+* **Policies** (``mode``):
+
+  - ``"mixed"``: every step runs all running decodes plus prefill chunks, first come first
+    served, up to ``prefill_token_budget`` prefill tokens (decode tokens are not counted).
+    Requests are admitted while admitted-and-unfinished < min(max_seqs, max_decode_batch).
+  - ``"prefill_only"``: each step takes queued prompts FCFS, whole, placing them until the next one
+    would exceed the budget (a prompt larger than the budget runs alone). A request is done when
+    its prompt is: that step's end is its first token (TTFT) and its completion.
+  - ``"decode_only"``: a request arrives with its prompt already in cache (``fill_random``, no
+    compute) when admitted (FCFS while running < ``max_decode_batch``); admission is its first
+    token; it then decodes ``output_len - 1`` tokens.
+
+* **Speculative verify**: with ``verify_tokens=v > 1`` each decode sequence feeds v query tokens
+  per step (the last token + v-1 drafts). Accepted drafts are drawn from a seeded generator
+  (each draft accepted with ``accept_prob`` until the first rejection), the sequence advances by
+  1 + accepted tokens and its caches are truncated back to that length.
+* **Time**: requests become visible when the wall clock since ``run`` started passes their
+  arrival; an idle engine sleeps until the next arrival. Each step ends with a device
+  synchronize, and its host timestamps are recorded.
+
+Inputs are random hidden vectors (no tokenizer, no sampling): prompt rows and decode rows are
+fresh ``randn`` embeddings each step. Per-step host work is per sequence at most (numpy
+bookkeeping, one prefill attention call per chunk); the device index tensors of a step are
+built once and shared by all layers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..models.spec import ModelSpec
+from ._util import as_device, default_dtype, generator, synchronize, to_device
+from .attention import AttentionBlock, DecodePlan
+from .cache import KVPool
+from .moe import MoEBlock
+from .shapes import Kind, LayerShape
+
+Mode = Literal["mixed", "prefill_only", "decode_only"]
+DEFAULT_LAYERS: tuple[tuple[Kind, bool], ...] = (
+    ("csa", True),
+    ("hca", True),
+    ("csa", False),
+    ("csa", False),
+)
+
+
+@dataclass
+class EngineResult:
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, float]:
+        r, s = self.requests, self.steps
+        span = float(s["end_s"].max() - s["start_s"].min()) if len(s) else 0.0
+        return {
+            "requests": float(len(r)),
+            "steps": float(len(s)),
+            "span_s": span,
+            "mean_ttft_s": float(r["ttft_s"].mean()),
+            "mean_tpot_s": float(r["tpot_s"].mean()) if r["tpot_s"].notna().any() else float("nan"),
+            "mean_step_s": float((s["end_s"] - s["start_s"]).mean()) if len(s) else float("nan"),
+            "output_tokens": float(r["generated"].sum()),
+        }
+
+
+@dataclass
+class _Layer:
+    kind: Kind
+    in_prefill: bool
+    block: AttentionBlock
+    moe: MoEBlock
+    pool: KVPool
+
+
+@dataclass
+class _Step:
+    """What one step runs: prefill segments (request, start, n) and decode requests."""
+
+    prefill: list[tuple[int, int, int]] = field(default_factory=list)
+    decode: list[int] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+
+class EngineCore:
+    def __init__(
+        self,
+        spec: ModelSpec | LayerShape,
+        layers: Sequence[tuple[Kind, bool]] = DEFAULT_LAYERS,
+        *,
+        local_experts: int = 48,
+        device: torch.device | str | None = None,
+        fp8: bool = False,
+        max_seqs: int = 64,
+        max_tokens: int = 16384,
+        prefill_token_budget: int = 8192,
+        max_decode_batch: int = 64,
+        verify_tokens: int = 1,
+        accept_prob: float = 0.7,
+        mode: Mode = "mixed",
+        decoder_replay_tokens: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype | None = None,
+        max_tmp_bytes: int = 1 << 30,
+    ) -> None:
+        if mode not in ("mixed", "prefill_only", "decode_only"):
+            raise ValueError(f"unknown mode {mode!r}")
+        if not layers:
+            raise ValueError("need at least one layer")
+        if not any(p for _, p in layers) and mode != "decode_only":
+            raise ValueError("at least one layer must run in prefill")
+        if verify_tokens < 1 or prefill_token_budget < 1 or max_decode_batch < 1:
+            raise ValueError("verify_tokens, prefill_token_budget, max_decode_batch must be >= 1")
+        self.device = as_device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        if isinstance(spec, ModelSpec):
+            shape = LayerShape.from_model(spec, local_experts)
+            replay = spec.swa.bounded_replay_tokens
+        else:
+            shape = spec
+            replay = shape.window
+        self.shape = shape
+        self.mode: Mode = mode
+        self.max_seqs, self.max_tokens = max_seqs, max_tokens
+        self.prefill_token_budget = prefill_token_budget
+        self.max_decode_batch = max_decode_batch
+        self.verify_tokens = verify_tokens
+        self.accept_prob = accept_prob
+        self.replay = replay if decoder_replay_tokens is None else decoder_replay_tokens
+        self.seed = seed
+        self.layers: list[_Layer] = []
+        for i, (kind, in_prefill) in enumerate(layers):
+            blk = AttentionBlock(
+                shape,
+                kind,
+                self.device,
+                fp8,
+                seed=seed * 100 + i,
+                dtype=self.dtype,
+                max_tmp_bytes=max_tmp_bytes,
+            )
+            moe = MoEBlock(
+                shape, self.device, "fp8" if fp8 else "bf16", seed=seed * 100 + i, dtype=self.dtype
+            )
+            pool = blk.new_pool(max_seqs, max_tokens, seed=seed * 100 + i)
+            self.layers.append(_Layer(kind, in_prefill, blk, moe, pool))
+        self._gen = generator(self.device, seed + 7)
+        self.config = {
+            "layers": [list(lay) for lay in layers],
+            "local_experts": shape.local_experts,
+            "fp8": fp8,
+            "mode": mode,
+            "max_seqs": max_seqs,
+            "max_tokens": max_tokens,
+            "prefill_token_budget": prefill_token_budget,
+            "max_decode_batch": max_decode_batch,
+            "verify_tokens": verify_tokens,
+            "accept_prob": accept_prob,
+            "decoder_replay_tokens": self.replay,
+            "device": str(self.device),
+            "dtype": str(self.dtype),
+            "seed": seed,
+        }
+
+    # ---- slots --------------------------------------------------------------------------------
+    def alloc_slot(self) -> int:
+        """Claim one slot in every layer's pool (for timing ``execute`` directly)."""
+        slot = self.layers[0].pool.alloc()
+        for lay in self.layers[1:]:
+            lay.pool.alloc(slot)
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        for lay in self.layers:
+            lay.pool.free(slot)
+
+    # ---- one step on the device ----------------------------------------------------------------
+    def execute(
+        self,
+        prefill: Sequence[tuple[int, int, bool]],
+        decode_slots: Sequence[int] | np.ndarray,
+        v: int = 1,
+    ) -> None:
+        """Run one mixed step: prefill segments ``(slot, n, last_chunk)`` and decode slots.
+
+        Public so the calibration can time a step of a chosen shape directly (after
+        ``fill_random`` on the pools via ``fill(slot, tokens)``).
+        """
+        dev, d = self.device, self.shape.hidden
+        segs = [(s, n) for s, n, _ in prefill]
+        n_pre = sum(n for _, n in segs)
+        plan = None
+        if len(decode_slots):
+            plan = DecodePlan.from_pool(self.layers[0].pool, np.asarray(decode_slots), v)
+        n_dec = plan.B * plan.v if plan is not None else 0
+        # decoder layers: bounded replay of finishing prompts + the decode rows
+        enc_pool = next((lay.pool for lay in self.layers if lay.in_prefill), self.layers[0].pool)
+        replay: list[tuple[int, int]] = []
+        rows: list[np.ndarray] = []
+        start = 0
+        for s, n, last in prefill:
+            if last:
+                r = min(self.replay, n)
+                total = enc_pool.length(s) + n  # the prompt's length once this chunk is in
+                for lay in self.layers:
+                    if not lay.in_prefill:  # cache before the replay: projected, not computed
+                        lay.pool.fill_random(s, total - r)
+                if r > 0:
+                    replay.append((s, r))
+                    rows.append(np.arange(start + n - r, start + n))
+            start += n
+        rows.append(np.arange(n_pre, n_pre + n_dec))
+        dec_rows_np = np.concatenate(rows)
+        dec_rows = to_device(dec_rows_np, dev) if dec_rows_np.size else None
+
+        x = torch.randn(
+            (n_pre + n_dec, d), generator=self._gen, device=dev, dtype=torch.float32
+        ).to(self.dtype)
+        for lay in self.layers:
+            if lay.in_prefill:
+                y, z = lay.block.forward(
+                    x, lay.pool, prefill=segs, decode=plan, return_ffn_input=True
+                )
+                x = y + lay.moe(z)
+            elif dec_rows is not None:
+                xs = x.index_select(0, dec_rows)
+                y, z = lay.block.forward(
+                    xs, lay.pool, prefill=replay, decode=plan, return_ffn_input=True
+                )
+                x.index_copy_(0, dec_rows, y + lay.moe(z))
+
+    def fill(self, slot: int, tokens: int) -> None:
+        """Give ``slot`` ``tokens`` tokens of random cache state in every layer (no compute)."""
+        for lay in self.layers:
+            lay.pool.fill_random(slot, tokens)
+
+    def warmup(self) -> None:
+        """One small prefill + decode on a scratch slot (CUDA init, cuBLAS handles, autotune)."""
+        slot = self.alloc_slot()
+        n = min(2 * self.shape.window, self.max_tokens - self.verify_tokens)
+        self.execute([(slot, n, True)], [])
+        self.execute([], [slot], self.verify_tokens)
+        synchronize(self.device)
+        self.free_slot(slot)
+
+    # ---- the replay loop --------------------------------------------------------------------
+    def run(self, requests: Any, *, warmup: bool = True) -> EngineResult:
+        """Replay ``requests`` (rows of ``(arrival_s, prompt_len, output_len)``) in real time."""
+        req = np.asarray(requests, dtype=float).reshape(-1, 3)
+        n_req = req.shape[0]
+        order = np.argsort(req[:, 0], kind="stable")
+        arrival = req[order, 0]
+        prompt = req[order, 1].astype(np.int64)
+        output = req[order, 2].astype(np.int64)
+        if np.any(prompt < 1) or np.any(output < 1):
+            raise ValueError("prompt_len and output_len must be >= 1")
+        need = prompt + (0 if self.mode == "prefill_only" else output + self.verify_tokens)
+        if np.any(need > self.max_tokens):
+            raise ValueError("a request needs more than max_tokens of cache")
+        if warmup:
+            self.warmup()
+        rng = np.random.default_rng(self.seed)
+        v = self.verify_tokens
+
+        slot = np.full(n_req, -1, np.int64)
+        prefilled = np.zeros(n_req, np.int64)
+        generated = np.zeros(n_req, np.int64)
+        admit_s = np.full(n_req, np.nan)
+        first_s = np.full(n_req, np.nan)
+        done_s = np.full(n_req, np.nan)
+        waiting: deque[int] = deque()
+        prefilling: list[int] = []  # admitted, prompt not finished (mixed)
+        running: list[int] = []  # decoding
+        steps: list[dict[str, float]] = []
+        ptr = 0
+        n_done = 0
+        cap = min(self.max_seqs, self.max_decode_batch)
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - t0
+
+        def finish(r: int, t: float) -> None:
+            nonlocal n_done
+            done_s[r] = t
+            self.free_slot(int(slot[r]))
+            n_done += 1
+
+        while n_done < n_req:
+            now = clock()
+            while ptr < n_req and arrival[ptr] <= now:
+                waiting.append(ptr)
+                ptr += 1
+            step = _Step()
+            if self.mode == "decode_only":
+                while waiting and len(running) < cap:
+                    r = waiting.popleft()
+                    slot[r] = self.alloc_slot()
+                    self.fill(int(slot[r]), int(prompt[r]))
+                    admit_s[r] = first_s[r] = now
+                    generated[r] = 1
+                    if output[r] <= 1:
+                        finish(r, now)
+                    else:
+                        running.append(r)
+                step.decode = list(running)
+            elif self.mode == "prefill_only":
+                budget = self.prefill_token_budget
+                used = 0
+                while waiting and len(step.prefill) < self.max_seqs:
+                    r = waiting[0]
+                    if step.prefill and used + prompt[r] > budget:
+                        break
+                    waiting.popleft()
+                    slot[r] = self.alloc_slot()
+                    admit_s[r] = now
+                    step.prefill.append((r, 0, int(prompt[r])))
+                    used += int(prompt[r])
+                    if used >= budget:
+                        break
+            else:  # mixed
+                while waiting and len(prefilling) + len(running) < cap:
+                    r = waiting.popleft()
+                    slot[r] = self.alloc_slot()
+                    admit_s[r] = now
+                    prefilling.append(r)
+                budget = self.prefill_token_budget
+                for r in prefilling:
+                    if budget <= 0:
+                        break
+                    n = int(min(prompt[r] - prefilled[r], budget))
+                    step.prefill.append((r, int(prefilled[r]), n))
+                    budget -= n
+                step.decode = list(running)
+
+            if step.empty():
+                if ptr < n_req:
+                    time.sleep(max(0.0, arrival[ptr] - clock()))
+                    continue
+                raise RuntimeError("engine stalled with unfinished requests")  # pragma: no cover
+
+            # ---- run it ----
+            segs = [(int(slot[r]), n, s0 + n == prompt[r]) for r, s0, n in step.prefill]
+            dec_slots = slot[step.decode] if step.decode else np.zeros(0, np.int64)
+            dec_kv = int(self.layers[0].pool.lengths[dec_slots].sum()) if step.decode else 0
+            start = clock()
+            self.execute(segs, dec_slots, v)
+            synchronize(self.device)
+            end = clock()
+
+            # ---- bookkeeping ----
+            kv = dec_kv + len(step.decode) * v
+            n_pre = 0
+            for r, s0, n in step.prefill:
+                n_pre += n
+                kv += s0 + n
+                prefilled[r] = s0 + n
+                if prefilled[r] == prompt[r]:
+                    first_s[r] = end
+                    generated[r] = 1
+                    if self.mode == "mixed":
+                        prefilling.remove(r)
+                    if self.mode == "prefill_only" or output[r] <= 1:
+                        finish(r, end)
+                    else:
+                        running.append(r)
+            if step.decode:
+                idx = np.asarray(step.decode)
+                acc = np.ones(idx.size, np.int64)
+                if v > 1:
+                    ok = rng.random((idx.size, v - 1)) < self.accept_prob
+                    acc += np.cumprod(ok, axis=1).sum(axis=1)
+                adv = np.minimum(acc, output[idx] - generated[idx])
+                for r, a in zip(step.decode, adv, strict=True):
+                    s = int(slot[r])
+                    generated[r] += a
+                    if a < v:
+                        new_len = self.layers[0].pool.length(s) - (v - a)
+                        for lay in self.layers:
+                            lay.pool.truncate(s, new_len)
+                    if generated[r] >= output[r]:
+                        running.remove(r)
+                        finish(r, end)
+            steps.append(
+                {
+                    "step": float(len(steps)),
+                    "start_s": start,
+                    "end_s": end,
+                    "prefill_tokens": float(n_pre),
+                    "prefill_seqs": float(len(step.prefill)),
+                    "decode_seqs": float(len(step.decode)),
+                    "decode_tokens": float(len(step.decode) * v),
+                    "decode_kv_tokens": float(dec_kv),
+                    "kv_tokens": float(kv),
+                    "waiting": float(len(waiting)),
+                }
+            )
+
+        ttft = first_s - arrival
+        tpot = np.where(generated > 1, (done_s - first_s) / np.maximum(generated - 1, 1), np.nan)
+        requests_df = pd.DataFrame(
+            {
+                "request": order,
+                "arrival_s": arrival,
+                "prompt_len": prompt,
+                "output_len": output,
+                "admit_s": admit_s,
+                "first_token_s": first_s,
+                "done_s": done_s,
+                "ttft_s": ttft,
+                "tpot_s": tpot,
+                "e2e_s": done_s - arrival,
+                "generated": generated,
+            }
+        ).sort_values("request", kind="stable", ignore_index=True)
+        return EngineResult(pd.DataFrame(steps), requests_df, dict(self.config))
