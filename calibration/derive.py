@@ -64,8 +64,9 @@ def scale_coefs(
         moe=moe,
         a2a=base.a2a,
         vision_seconds_per_image=None if vis is None else vis * vision,
-        decode_graphed=base.decode_graphed,
-        decode_host_overhead_s=base.decode_host_overhead_s,
+        graphed=base.graphed,
+        host_overhead_s=base.host_overhead_s,
+        engine_overhead=base.engine_overhead,
     )
 
 

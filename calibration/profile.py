@@ -9,7 +9,7 @@ simulator composes a whole model from its layer counts:
                      n new tokens of one sequence after a computed prefix of p tokens
 - ``decode[kind]``   t(B, T, K) = a + max(w, b·T) + c·K + d·B  one attention block, decode step
                      B sequences, T = B·v query tokens (v verify tokens each), K context tokens
-- ``moe``            t(E, R) = a + max(e·E, f·R)               routed experts of one rank, one layer
+- ``moe``            t(E, R) = a + e·E·(1 − exp(−R/E)) + f·R   routed experts of one rank, one layer
                      E local experts, R routed token-expert pairs
 - ``a2a``            latency and link efficiency of EP dispatch/combine (per MoE layer)
 - ``vision``         seconds per image of the encoder
@@ -68,20 +68,38 @@ class A2aCoef(FrozenModel):
     measured: bool = Field(description="measured over NCCL between GPUs, or modelled")
 
 
+class HostOverhead(FrozenModel):
+    """Per layer call: what eager launching adds on top of the graphed GPU time (median)."""
+
+    prefill: float = Field(0.0, ge=0)
+    decode: float = Field(0.0, ge=0)
+    moe: float = Field(0.0, ge=0)
+
+
+class EngineOverhead(FrozenModel):
+    """Host time of the engine core's own step (scheduling, decode plans, routing), fitted from
+    timed ``EngineCore.execute`` steps minus the kernel models. Used only to compare with that
+    engine (it is a property of our Python engine, not of the hardware)."""
+
+    decode_step_s: float = Field(0.0, ge=0)
+    decode_per_seq_s: float = Field(0.0, ge=0)
+    decode_per_kv_token_s: float = Field(0.0, ge=0)
+    prefill_step_s: float = Field(0.0, ge=0)
+    prefill_per_seq_s: float = Field(0.0, ge=0)
+    prefill_per_token_s: float = Field(0.0, ge=0)
+
+
 class HardwareCoefs(FrozenModel):
     prefill: dict[Kind, PrefillCoef]
     decode: dict[Kind, DecodeCoef]
     moe: MoeCoef
     a2a: A2aCoef
     vision_seconds_per_image: float | None = None
-    decode_graphed: bool = Field(
-        False, description="decode fits are CUDA-graph replays (GPU time, no launch gaps)"
+    graphed: bool = Field(
+        False, description="fits are CUDA-graph replays (GPU time, no launch gaps)"
     )
-    decode_host_overhead_s: float = Field(
-        0.0,
-        ge=0,
-        description="per layer per decode step: eager launch cost on top of the graphed time",
-    )
+    host_overhead_s: HostOverhead = Field(default_factory=lambda: HostOverhead())
+    engine_overhead: EngineOverhead = Field(default_factory=lambda: EngineOverhead())
 
 
 class Provenance(FrozenModel):

@@ -14,20 +14,23 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
-from ..models.cost import PoolShape
 from ..models.profile_cost import ProfileStepCost
-from ..models.registry import load_hardware, load_model
+from ..models.registry import load_model
 from ..rng import stream
 from ..traces import read_trace, spread_buckets
 from .profile import Profile, load_profile
-from .validate import ReplayShape, errors, simulate_decode, simulate_prefill
+from .validate import ReplayShape, errors, simulate_decode, simulate_prefill, validation_cost
 
-MINI_LAYERS = (("csa", True), ("hca", True), ("csa", False))
+MINI_LAYERS: tuple[tuple[Literal["csa", "hca", "swa"], bool], ...] = (
+    ("csa", True),
+    ("hca", True),
+    ("csa", False),
+)
 
 
 def sample_requests(n: int, max_prompt: int, max_output: int, seed: int = 0) -> pd.DataFrame:
@@ -80,6 +83,7 @@ def run_engine(frame: pd.DataFrame, mode: str, shape: ReplayShape, device: str) 
         max_decode_batch=shape.max_decode_batch,
         mode=mode,  # type: ignore[arg-type]
         decoder_replay_tokens=0,
+        decode_buckets="single",
         seed=0,
     )
     res = engine.run(frame[["arrival_s", "prompt_len", "output_len"]].to_numpy())
@@ -88,10 +92,7 @@ def run_engine(frame: pd.DataFrame, mode: str, shape: ReplayShape, device: str) 
 
 def replay(profile: Profile, out: Path, device: str, n: int, load: float) -> dict[str, Any]:
     shape = ReplayShape()
-    model = load_model(shape.model)
-    cost = ProfileStepCost(
-        model, load_hardware(shape.hardware), PoolShape(1, 0), profile.for_hardware(shape.hardware)
-    )
+    cost = validation_cost(profile, shape)
     base = sample_requests(n, max_prompt=8192, max_output=256)
     pre_busy, dec_busy = predicted_busy(base, cost, shape)
     report: dict[str, Any] = {"requests": n, "target_load": load, "shape": shape.__dict__}
@@ -126,7 +127,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--load", type=float, default=0.6)
+    ap.add_argument("--load", type=float, default=0.5)
     a = ap.parse_args()
     replay(load_profile(a.profile), Path(a.out), a.device, a.requests, a.load)
 

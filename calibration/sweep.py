@@ -18,12 +18,23 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
+from scipy.optimize import lsq_linear
 
+from ..models.cost import StepParams
 from .fit import fit_decode, fit_linear_latency, fit_moe, fit_prefill
-from .profile import A2aCoef, Dtypes, FitError, HardwareCoefs, Profile, Provenance
+from .profile import (
+    A2aCoef,
+    Dtypes,
+    EngineOverhead,
+    FitError,
+    HardwareCoefs,
+    HostOverhead,
+    Profile,
+    Provenance,
+)
 
 
 class Bench(Protocol):
@@ -41,7 +52,13 @@ class Bench(Protocol):
     def copy_bandwidth(self) -> float: ...  # bytes/s, read + write counted
     def vision(self) -> float | None: ...
 
-    decode_host_overhead: list[float]  # eager − graphed seconds per decode layer call
+    host_overhead: dict[str, list[float]]  # eager − graphed seconds per call, by component
+
+    def warmup(self) -> None: ...  # bring clocks up before timing
+
+    def engine_steps(self) -> list[tuple[str, int, int, int, float]]:
+        """Timed engine-core steps: (phase, sequences, tokens per sequence, context, seconds)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -77,10 +94,13 @@ class Measurements:
     a2a: list[tuple[float, float]] = field(default_factory=list)
     copy_bandwidth: float = 0.0
     vision: float | None = None
+    engine: list[tuple[str, int, int, int, float]] = field(default_factory=list)
     seconds: float = 0.0
 
 
-def _each(items: Iterable, log: Callable[[str], None], what: str, fn: Callable) -> list:  # type: ignore[type-arg]
+def _each(
+    items: Iterable[Any], log: Callable[[str], None], what: str, fn: Callable[..., float]
+) -> list[Any]:
     out = []
     for item in items:
         try:
@@ -93,6 +113,7 @@ def _each(items: Iterable, log: Callable[[str], None], what: str, fn: Callable) 
 def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Measurements:
     t0 = time.perf_counter()
     m = Measurements()
+    bench.warmup()
     for kind in grid.kinds:
         log(f"prefill {kind}")
         shapes = [(n, p) for n in grid.prefill_n for p in grid.prefill_p]
@@ -116,6 +137,8 @@ def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Mea
     m.a2a = bench.a2a_table()
     m.copy_bandwidth = bench.copy_bandwidth()
     m.vision = bench.vision()
+    log("engine steps")
+    m.engine = bench.engine_steps()
     m.seconds = time.perf_counter() - t0
     return m
 
@@ -140,14 +163,14 @@ def build_profile(
         arr = np.array(rows, dtype=float)
         prefill[kind], fits[f"prefill.{kind}"] = fit_prefill(arr[:, :2], arr[:, 2])
         raw["prefill"] += [[kind, *map(float, r)] for r in rows]
-    for kind, rows in m.decode.items():
-        if len(rows) < 6:
+    for kind, drows in m.decode.items():
+        if len(drows) < 6:
             continue
-        arr = np.array(rows, dtype=float)
+        arr = np.array(drows, dtype=float)
         B, ctx, v, t = arr.T
         X = np.stack([B, B * v, B * ctx], axis=1)
         decode[kind], fits[f"decode.{kind}"] = fit_decode(X, t)
-        raw["decode"] += [[kind, *map(float, r)] for r in rows]
+        raw["decode"] += [[kind, *map(float, r)] for r in drows]
     arr = np.array(m.moe, dtype=float)
     E, T, t = arr.T
     moe, fits["moe"] = fit_moe(np.stack([E, T * top_k], axis=1), t)
@@ -167,16 +190,21 @@ def build_profile(
         # one GPU: model the link like the roofline does, at the efficiency HBM copies reach
         eff = min(1.0, m.copy_bandwidth / hw.hbm_bytes_per_s)
         a2a = A2aCoef(latency_s=hw.scaleup.latency_s, link_efficiency=eff, measured=False)
-    overhead = bench.decode_host_overhead
+    over = {k: float(np.median(v)) for k, v in bench.host_overhead.items() if v}
     coefs = HardwareCoefs(
         prefill=prefill,
         decode=decode,
         moe=moe,
         a2a=a2a,
         vision_seconds_per_image=m.vision,
-        decode_host_overhead_s=float(np.median(overhead)) if overhead else 0.0,
-        decode_graphed=bool(overhead),
+        graphed=bool(over),
+        host_overhead_s=HostOverhead(**over),
     )
+    if m.engine:
+        coefs = coefs.model_copy(
+            update={"engine_overhead": fit_engine_overhead(coefs, bench.hardware, m.engine)}
+        )
+        raw["engine"] = [list(r) for r in m.engine]
     return Profile(
         name=name,
         model_family=model_family,
@@ -194,4 +222,55 @@ def build_profile(
         hardware={bench.hardware: coefs},
         fit=fits,
         raw=raw,
+    )
+
+
+ENGINE_MODEL = "deepseek-v4.1-flash-mini"
+
+
+def fit_engine_overhead(
+    coefs: HardwareCoefs, hardware: str, rows: list[tuple[str, int, int, int, float]]
+) -> EngineOverhead:
+    """What the engine core's step costs beyond its kernels: residual = measured step − the
+    eager kernel models, fitted (non-negative least squares) as a constant per step plus a cost
+    per sequence plus a cost per token (prefill: prompt tokens; decode: context tokens)."""
+    from ..models.cost import PoolShape
+    from ..models.profile_cost import ProfileStepCost
+    from ..models.registry import load_hardware, load_model
+
+    cost = ProfileStepCost(
+        load_model(ENGINE_MODEL),
+        load_hardware(hardware),
+        PoolShape(1, 0),
+        coefs,
+        StepParams(comm_overlap=0.0, step_overhead_s=0.0),
+        eager=True,
+    )
+    fitted: dict[str, tuple[float, float, float]] = {}
+    for phase in ("prefill", "decode"):
+        sel = [r for r in rows if r[0] == phase]
+        if len(sel) < 3:
+            fitted[phase] = (0.0, 0.0, 0.0)
+            continue
+        feats, resid = [], []
+        for _, b, n, ctx, t in sel:
+            if phase == "decode":
+                pred = cost.decode_step(np.array([float(b)]), np.array([float(b * ctx)]), 1.0)
+                feats.append((1.0, b, b * ctx))
+            else:
+                pred = cost.prefill_step([[(n, 0)] * b])
+                feats.append((1.0, b, b * n))
+            resid.append(t - pred)
+        F = np.array(feats, dtype=float)
+        scale = F.max(axis=0)
+        res = lsq_linear(F / scale, np.array(resid), bounds=(0, np.inf))
+        a, s, k = (float(v) for v in res.x / scale)
+        fitted[phase] = (a, s, k)
+    return EngineOverhead(
+        prefill_step_s=fitted["prefill"][0],
+        prefill_per_seq_s=fitted["prefill"][1],
+        prefill_per_token_s=fitted["prefill"][2],
+        decode_step_s=fitted["decode"][0],
+        decode_per_seq_s=fitted["decode"][1],
+        decode_per_kv_token_s=fitted["decode"][2],
     )

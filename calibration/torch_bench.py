@@ -18,10 +18,17 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
 from .profile import Dtypes
+
+if TYPE_CHECKING:
+    from ..kernels.attention import AttentionBlock, DecodePlan
+    from ..kernels.cache import KVPool
+    from ..kernels.moe import MoEBlock
+    from ..kernels.shapes import Kind
 
 DETECT = {"H200": "h200", "H100": "h100", "H800": "h800", "B200": "b200", "GB200": "gb200"}
 
@@ -40,7 +47,7 @@ class TorchBench:
         model: str = "deepseek-v4.1-flash",
         hardware: str | None = None,
         fp8: bool = True,
-        repeats: int = 5,
+        repeats: int = 7,
         max_prefix: int = 262_144,
         max_chunk: int = 32_768,
         max_batch: int = 256,
@@ -67,14 +74,14 @@ class TorchBench:
         self.repeats = repeats
         self.shape = LayerShape.from_model(self.spec, local_experts=8)
         self.limits = (max_prefix, max_chunk, max_batch, max_context)
-        self._blocks: dict[str, object] = {}
-        self._prefill_pools: dict[str, object] = {}
-        self._decode_pools: dict[str, object] = {}
-        self._moe: dict[int, object] = {}
+        self._blocks: dict[str, AttentionBlock] = {}
+        self._prefill_pools: dict[str, KVPool] = {}
+        self._decode_pools: dict[str, KVPool] = {}
+        self._moe: dict[int, MoEBlock] = {}
         self._gen = torch.Generator(device=self.device).manual_seed(0)
         self.use_graphs = True
         self.graph_failures = 0
-        self.decode_host_overhead: list[float] = []  # eager − graphed, per decode layer call
+        self.host_overhead: dict[str, list[float]] = {"prefill": [], "decode": [], "moe": []}
 
     # ---- timing --------------------------------------------------------------------------------
     def _time(self, fn: Callable[[], object], reset: Callable[[], None] | None = None) -> float:
@@ -100,16 +107,18 @@ class TorchBench:
                 times.append(t)
         return float(np.median(times))
 
-    def _x(self, *shape: int):  # type: ignore[no-untyped-def]
+    def _x(self, *shape: int):
         return self.torch.randn(
             shape, generator=self._gen, device=self.device, dtype=self.torch.float32
         ).to(self.torch.bfloat16 if self.cuda else self.torch.float32)
 
-    def _block(self, kind: str):  # type: ignore[no-untyped-def]
+    def _block(self, kind: str) -> AttentionBlock:
         from ..kernels.attention import AttentionBlock
 
         if kind not in self._blocks:
-            self._blocks[kind] = AttentionBlock(self.shape, kind, self.device, self.fp8, seed=1)
+            self._blocks[kind] = AttentionBlock(
+                self.shape, cast(Kind, kind), self.device, self.fp8, seed=1
+            )
         return self._blocks[kind]
 
     # ---- Bench ---------------------------------------------------------------------------------
@@ -117,17 +126,17 @@ class TorchBench:
         block = self._block(kind)
         if kind not in self._prefill_pools:
             max_prefix, max_chunk, _, _ = self.limits
-            self._prefill_pools[kind] = block.new_pool(1, max_prefix + max_chunk + 8)  # type: ignore[attr-defined]
+            self._prefill_pools[kind] = block.new_pool(1, max_prefix + max_chunk + 8)
         pool = self._prefill_pools[kind]
         seq = 0
-        if not pool.in_use[seq]:  # type: ignore[attr-defined]
-            pool.alloc(seq)  # type: ignore[attr-defined]
+        if not pool.in_use[seq]:
+            pool.alloc(seq)
         x = self._x(n, self.shape.hidden)
 
         def reset() -> None:
-            pool.fill_random(seq, p) if pool.length(seq) < p else pool.truncate(seq, p)  # type: ignore[attr-defined]
+            pool.fill_random(seq, p) if pool.length(seq) < p else pool.truncate(seq, p)
 
-        return self._time(lambda: block.prefill(x, pool, seq), reset)  # type: ignore[attr-defined]
+        return self._measure("prefill", lambda: block.prefill(x, pool, seq), reset)
 
     def decode(self, kind: str, batch: int, context: int, verify: int) -> float:
         from ..kernels.attention import DecodePlan
@@ -135,33 +144,56 @@ class TorchBench:
         block = self._block(kind)
         if kind not in self._decode_pools:
             _, _, max_batch, max_context = self.limits
-            self._decode_pools[kind] = block.new_pool(max_batch, max_context + 8)  # type: ignore[attr-defined]
+            self._decode_pools[kind] = block.new_pool(max_batch, max_context + 8)
         pool = self._decode_pools[kind]
         for s in range(batch):
-            if not pool.in_use[s]:  # type: ignore[attr-defined]
-                pool.alloc(s)  # type: ignore[attr-defined]
+            if not pool.in_use[s]:
+                pool.alloc(s)
         seqs = np.arange(batch)
         x = self._x(batch, verify, self.shape.hidden)
 
         def reset() -> None:
             for s in range(batch):
-                if pool.length(s) < context:  # type: ignore[attr-defined]
-                    pool.fill_random(s, context)  # type: ignore[attr-defined]
+                if pool.length(s) < context:
+                    pool.fill_random(s, context)
                 else:
-                    pool.truncate(s, context)  # type: ignore[attr-defined]
+                    pool.truncate(s, context)
 
-        holder: dict[str, object] = {}
+        holder: dict[str, DecodePlan] = {}
 
         def reset_and_plan() -> None:
             reset()
             holder["plan"] = DecodePlan.from_pool(pool, seqs, verify)  # host work, not timed
 
-        eager = self._time(lambda: block.decode(x, pool, holder["plan"]), reset_and_plan)  # type: ignore[attr-defined]
-        graphed = self._time_graph(lambda: block.decode(x, pool, holder["plan"]), reset_and_plan)  # type: ignore[attr-defined]
+        return self._measure(
+            "decode",
+            lambda: block.decode(x, pool, holder["plan"]),
+            reset_and_plan,
+        )
+
+    def _measure(
+        self, component: str, fn: Callable[[], object], reset: Callable[[], None] | None = None
+    ) -> float:
+        """The graphed GPU time of ``fn`` where it can be captured (else eager), recording what
+        eager launching adds for this component."""
+        eager = self._time(fn, reset)
+        graphed = self._time_graph(fn, reset or (lambda: None))
         if graphed is None:
             return eager
-        self.decode_host_overhead.append(max(0.0, eager - graphed))
+        self.host_overhead[component].append(max(0.0, eager - graphed))
         return graphed
+
+    def warmup(self) -> None:
+        """~2 s of large GEMMs so the clocks are up before the first timed shape."""
+        if not self.cuda:
+            return
+        torch = self.torch
+        a = torch.randn((8192, 8192), device=self.device, dtype=torch.bfloat16)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 2.0:
+            for _ in range(20):
+                a @ a
+            torch.cuda.synchronize(self.device)
 
     def _time_graph(self, fn: Callable[[], object], reset: Callable[[], None]) -> float | None:
         """Median time of ``fn`` replayed as a CUDA graph (the GPU's own time, no launch gaps),
@@ -198,12 +230,12 @@ class TorchBench:
             shape = self.shape.scaled(
                 local_experts=local_experts, top_k=min(self.spec.moe.top_k, local_experts)
             )
-            mode = "fp8" if self.fp8 else "bf16"
+            mode: Literal["bf16", "fp8"] = "fp8" if self.fp8 else "bf16"
             self._moe[local_experts] = MoEBlock(shape, self.device, mode, seed=2)
         moe = self._moe[local_experts]
         x = self._x(tokens, self.shape.hidden)
-        ids, w = moe.uniform_routing(tokens, seed=tokens)  # type: ignore[attr-defined]
-        return self._time(lambda: moe.forward_routed(x, ids, w))  # type: ignore[attr-defined]
+        ids, w = moe.uniform_routing(tokens, seed=tokens)
+        return self._measure("moe", lambda: moe.forward_routed(x, ids, w))
 
     def copy_bandwidth(self) -> float:
         torch = self.torch
@@ -219,6 +251,88 @@ class TorchBench:
         enc = VisionEncoder(self.device, seed=3)
         images = 8
         return self._time(lambda: enc.encode(images)) / images
+
+    def engine_steps(self) -> list[tuple[str, int, int, int, float]]:
+        """Wall time of whole engine-core steps (3-layer V4.1 stack, 48 experts) at synthetic
+        shapes, as the engine's replay loop sees them (host work included, device synced)."""
+        from ..kernels.engine import EngineCore
+        from ..models.registry import load_model
+        from .sweep import ENGINE_MODEL
+
+        torch = self.torch
+        spec = load_model(ENGINE_MODEL)
+        layers = [
+            (cast(Kind, g.attention), g.in_prefill)
+            for g in spec.layer_groups
+            for _ in range(g.count)
+        ]
+        eng = EngineCore(
+            spec,
+            layers,
+            local_experts=spec.moe.routed_experts,
+            device=self.device,
+            fp8=self.fp8,
+            max_seqs=72,
+            max_tokens=16_400,
+            prefill_token_budget=16_384,
+            max_decode_batch=64,
+            mode="mixed",
+            decoder_replay_tokens=0,
+            decode_buckets="single",
+            seed=5,
+        )
+        eng.warmup()
+
+        def wall(fn: Callable[[], object], reset: Callable[[], None]) -> float:
+            times = []
+            for i in range(self.repeats + 1):
+                reset()
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                fn()
+                if self.cuda:
+                    torch.cuda.synchronize(self.device)
+                if i:
+                    times.append(time.perf_counter() - t0)
+            return float(np.median(times))
+
+        rows: list[tuple[str, int, int, int, float]] = []
+        for b in (1, 4, 16, 32, 64):
+            for ctx in (1024, 4096, 8192):
+                slots = [eng.alloc_slot() for _ in range(b)]
+
+                def reset_dec(slots: list[int] = slots, ctx: int = ctx) -> None:
+                    for s in slots:
+                        eng.fill(s, ctx)
+
+                def run_dec(slots: list[int] = slots) -> None:
+                    eng.execute([], slots, 1)
+
+                t = wall(run_dec, reset_dec)
+                rows.append(("decode", b, 1, ctx, t))
+                for s in slots:
+                    eng.free_slot(s)
+        for n in (512, 2048, 8192, 16384):
+            for b in (1, 2, 4):
+                if n * b > 16_384:
+                    continue
+                slots = [eng.alloc_slot() for _ in range(b)]
+
+                def reset_pre(slots: list[int] = slots) -> None:
+                    for s in slots:
+                        eng.fill(s, 0)
+
+                segs = [(s, n, True) for s in slots]
+
+                def run_pre(segs: list[tuple[int, int, bool]] = segs) -> None:
+                    eng.execute(segs, [], 1)
+
+                t = wall(run_pre, reset_pre)
+                rows.append(("prefill", b, n, 0, t))
+                for s in slots:
+                    eng.free_slot(s)
+        return rows
 
     def a2a_table(self) -> list[tuple[float, float]]:
         """(bytes each of two GPUs sends the other, seconds) over NCCL; [] with one GPU."""

@@ -71,7 +71,8 @@ def _source(frame: pd.DataFrame) -> RequestSource:
     )
 
 
-def _cost(profile: Profile, shape: ReplayShape) -> ProfileStepCost:
+def validation_cost(profile: Profile, shape: ReplayShape) -> ProfileStepCost:
+    """The StepCost of the engine core: kernel fits + eager launch gaps + its own host time."""
     model = load_model(shape.model)
     hw = load_hardware(shape.hardware)
     step = StepParams(comm_overlap=0.0, step_overhead_s=shape.step_overhead_s)
@@ -82,7 +83,7 @@ def _cost(profile: Profile, shape: ReplayShape) -> ProfileStepCost:
         profile.for_hardware(hw.name),
         step,
         profile.name,
-        eager_decode=True,
+        eager=True,
     )
 
 
@@ -94,7 +95,7 @@ def simulate_prefill(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) 
     inst = PrefillInstance(
         env,
         0,
-        _cost(profile, shape),
+        validation_cost(profile, shape),
         1,
         shape.prefill_token_budget,
         1.0,
@@ -102,7 +103,7 @@ def simulate_prefill(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) 
         lambda rid, i: None,
     )
 
-    def arrivals():  # type: ignore[no-untyped-def]
+    def arrivals():
         for rid in range(len(src)):
             if src.arrival_s[rid] > env.now:
                 yield env.timeout(src.arrival_s[rid] - env.now)
@@ -122,7 +123,7 @@ def simulate_decode(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) -
         env,
         0,
         1,
-        _cost(profile, shape),
+        validation_cost(profile, shape),
         shape.max_decode_batch,
         float("inf"),
         0.0,
@@ -131,7 +132,7 @@ def simulate_decode(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) -
         lambda rid: None,
     )
 
-    def arrivals():  # type: ignore[no-untyped-def]
+    def arrivals():
         for rid in range(len(src)):
             if src.arrival_s[rid] > env.now:
                 yield env.timeout(src.arrival_s[rid] - env.now)

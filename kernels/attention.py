@@ -265,10 +265,17 @@ class DecodePlan:
     """
 
     MIN_BUCKET = 64
+    SINGLE = 1 << 62  # min_bucket that puts every sequence in one padded bucket
 
     def __init__(
-        self, slots: np.ndarray, lengths: np.ndarray, v: int, device: torch.device | str
+        self,
+        slots: np.ndarray,
+        lengths: np.ndarray,
+        v: int,
+        device: torch.device | str,
+        min_bucket: int | None = None,
     ) -> None:
+        self.min_bucket = self.MIN_BUCKET if min_bucket is None else min_bucket
         self.slots = np.asarray(slots, dtype=np.int64)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if self.slots.shape != self.lengths.shape or self.slots.ndim != 1:
@@ -284,9 +291,11 @@ class DecodePlan:
         self._buckets_cache: dict[int, list[_Bucket]] = {}
 
     @classmethod
-    def from_pool(cls, pool: KVPool, seqs: np.ndarray | list[int], v: int) -> DecodePlan:
+    def from_pool(
+        cls, pool: KVPool, seqs: np.ndarray | list[int], v: int, min_bucket: int | None = None
+    ) -> DecodePlan:
         seqs = np.asarray(seqs, dtype=np.int64)
-        return cls(seqs, pool.lengths[seqs].copy(), v, pool.device)
+        return cls(seqs, pool.lengths[seqs].copy(), v, pool.device, min_bucket)
 
     @property
     def total_kv(self) -> int:
@@ -346,7 +355,7 @@ class DecodePlan:
         v = self.v
         n_vis = (self.lengths + v - 1) // m  # entries visible to each sequence's last query
         keys = np.array(
-            [0 if n == 0 else max(next_pow2(int(n)), self.MIN_BUCKET) for n in n_vis],
+            [0 if n == 0 else max(next_pow2(int(n)), self.min_bucket) for n in n_vis],
             dtype=np.int64,
         )
         out: list[_Bucket] = []

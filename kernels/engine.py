@@ -126,6 +126,7 @@ class EngineCore:
         accept_prob: float = 0.7,
         mode: Mode = "mixed",
         decoder_replay_tokens: int | None = None,
+        decode_buckets: Literal["pow2", "single"] = "pow2",
         seed: int = 0,
         dtype: torch.dtype | None = None,
         max_tmp_bytes: int = 1 << 30,
@@ -155,6 +156,9 @@ class EngineCore:
         self.accept_prob = accept_prob
         self.replay = replay if decoder_replay_tokens is None else decoder_replay_tokens
         self.seed = seed
+        # "single": one padded varlen bucket per decode step. Eager launches cost per bucket, so
+        # the power-of-two buckets make a step's host time depend on the spread of lengths.
+        self.min_bucket = DecodePlan.SINGLE if decode_buckets == "single" else None
         self.layers: list[_Layer] = []
         for i, (kind, in_prefill) in enumerate(layers):
             blk = AttentionBlock(
@@ -184,6 +188,7 @@ class EngineCore:
             "verify_tokens": verify_tokens,
             "accept_prob": accept_prob,
             "decoder_replay_tokens": self.replay,
+            "decode_buckets": decode_buckets,
             "device": str(self.device),
             "dtype": str(self.dtype),
             "seed": seed,
@@ -218,7 +223,9 @@ class EngineCore:
         n_pre = sum(n for _, n in segs)
         plan = None
         if len(decode_slots):
-            plan = DecodePlan.from_pool(self.layers[0].pool, np.asarray(decode_slots), v)
+            plan = DecodePlan.from_pool(
+                self.layers[0].pool, np.asarray(decode_slots), v, self.min_bucket
+            )
         n_dec = plan.B * plan.v if plan is not None else 0
         # decoder layers: bounded replay of finishing prompts + the decode rows
         enc_pool = next((lay.pool for lay in self.layers if lay.in_prefill), self.layers[0].pool)

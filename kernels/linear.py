@@ -86,16 +86,35 @@ class Linear:
         else:
             xq, xs = quantize_rowwise(x2)
             if self.path == "scaled_mm":
-                y = torch._scaled_mm(
-                    xq,
-                    self.w_q.t(),
-                    scale_a=xs.view(-1, 1),
-                    scale_b=self.w_scale_row,
-                    out_dtype=torch.bfloat16,
-                ).to(self.dtype)
+                y = scaled_mm_rows(xq, xs, self.w_q, self.w_scale_row).to(self.dtype)
             else:
                 y = dequantize_rowwise(xq, xs, self.dtype) @ self.w_dq.t()
         return y.reshape(*lead, self.out_features)
+
+
+def scaled_mm_rows(
+    xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale_row: torch.Tensor
+) -> torch.Tensor:
+    """``torch._scaled_mm`` of row-scaled FP8 activations by row-scaled FP8 weights, in bf16.
+
+    cuBLASLt's FP8 GEMM wants the activation rows in a fresh, 16-aligned buffer: a single row
+    sliced out of a wider tensor keeps the parent's leading dimension and is refused
+    (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200 at one decode token), so rows are copied into
+    a buffer padded to a multiple of 16 and the padding is dropped from the result.
+    """
+    t = xq.shape[0]
+    if t % 16 == 0 and xq.stride() == (xq.shape[1], 1):
+        sa = xs.reshape(-1, 1).contiguous()
+        return torch._scaled_mm(
+            xq, w_q.t(), scale_a=sa, scale_b=w_scale_row, out_dtype=torch.bfloat16
+        )
+    rows = -(-t // 16) * 16
+    a = torch.zeros((rows, xq.shape[1]), dtype=xq.dtype, device=xq.device)
+    a[:t] = xq
+    sa = torch.ones((rows, 1), dtype=xs.dtype, device=xs.device)
+    sa[:t, 0] = xs.reshape(-1)
+    y = torch._scaled_mm(a, w_q.t(), scale_a=sa, scale_b=w_scale_row, out_dtype=torch.bfloat16)
+    return y[:t]
 
 
 class GroupedLinear:
@@ -148,15 +167,8 @@ class GroupedLinear:
             xd = dequantize_rowwise(xq, xs, self.dtype)
             y = torch.bmm(xd.transpose(0, 1), self.w_dq.transpose(1, 2))
             return y.transpose(0, 1).reshape(*lead, g * k_out)
-        outs = []
-        for i in range(g):
-            outs.append(
-                torch._scaled_mm(
-                    xq[:, i].contiguous(),
-                    self.w_q[i].t(),
-                    scale_a=xs[:, i].contiguous().view(-1, 1),
-                    scale_b=self.w_scale[i].view(1, -1),
-                    out_dtype=torch.bfloat16,
-                )
-            )
+        outs = [
+            scaled_mm_rows(xq[:, i], xs[:, i], self.w_q[i], self.w_scale[i].view(1, -1))
+            for i in range(g)
+        ]
         return torch.cat(outs, dim=-1).to(self.dtype).reshape(*lead, g * k_out)

@@ -6,15 +6,17 @@ once, at construction, into a handful of coefficients, so every call on the hot 
 
     prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i²)        (sums over prefill layers)
     decode_dense(rank)    = Σ_kinds count·(a + max(w, b·T) + c·K + d·B)   (vectorized over ranks)
-    moe_s(tokens)         = moe_layers · (a + max(e·E_local, f·tokens·top_k))
+    moe_s(tokens)         = moe_layers · (a + e·E·(1 − exp(−R/E)) + f·R),  R = tokens·top_k
 
-Decode fits are CUDA-graph replays where capture worked (production engines graph their decode
-step); ``eager_decode=True`` adds the measured per-layer launch overhead back, for comparing
-with an eager engine such as ``kernels/engine.py``.
+Fits are CUDA-graph replays where capture worked (the GPU's own time: production engines graph
+their decode step and run prefill at sizes where launches hide behind the GPU);
+``eager=True`` adds the measured per-layer launch overhead back, for comparing with an eager
+engine such as ``kernels/engine.py``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,7 +38,7 @@ class ProfileStepCost(StepCost):
         coefs: HardwareCoefs,
         step: StepParams | None = None,
         profile_name: str = "profile",
-        eager_decode: bool = False,
+        eager: bool = False,
     ) -> None:
         step = step or StepParams()
         self.model, self.hw, self.shape, self.coefs = model, hw, shape, coefs
@@ -52,7 +54,9 @@ class ProfileStepCost(StepCost):
                 )
             return table[kind]
 
-        A = B = C = D = 0.0
+        host = coefs.host_overhead_s
+        A = host.prefill * model.prefill_layers if eager else 0.0
+        B = C = D = 0.0
         for g in model.layer_groups:
             if g.in_prefill:
                 c = coef_of(coefs.prefill, g.attention, "prefill")
@@ -67,8 +71,7 @@ class ProfileStepCost(StepCost):
             counts[g.attention] = counts.get(g.attention, 0) + g.count
         self._dec = []
         # an eager engine (like kernels/engine.py) also pays the launch gaps that CUDA graphs hide
-        host = coefs.decode_host_overhead_s if eager_decode else 0.0
-        self._dec_const = host * model.n_layers
+        self._dec_const = host.decode * model.n_layers if eager else 0.0
         self._dec_kv = 0.0
         self._dec_seq = 0.0
         for kind, n in counts.items():
@@ -78,18 +81,34 @@ class ProfileStepCost(StepCost):
             self._dec_kv += n * c.c
             self._dec_seq += n * c.d
         m = coefs.moe
-        self._moe_const = m.a
-        self._moe_mem = m.e * model.experts_per_gpu(shape.ep, shape.redundant_experts_per_gpu)
-        self._moe_pair = m.f * model.moe.top_k
+        self._moe_const = m.a + (host.moe if eager else 0.0)
+        self._moe_e = m.e
+        self._moe_experts = model.experts_per_gpu(shape.ep, shape.redundant_experts_per_gpu)
+        self._moe_pair = m.f
+        self._top_k = model.moe.top_k
+        eng = coefs.engine_overhead
+        if eager:  # the engine core's own host time per step (see EngineOverhead)
+            self._pre = (
+                self._pre[0] + eng.prefill_step_s,
+                self._pre[1] + eng.prefill_per_token_s,
+                *self._pre[2:],
+            )
+            self._pre_seq = eng.prefill_per_seq_s
+            self._dec_const += eng.decode_step_s
+            self._dec_seq += eng.decode_per_seq_s
+            self._dec_kv += eng.decode_per_kv_token_s
+        else:
+            self._pre_seq = 0.0
         self._moe_layers = {ph: model.moe_layer_count(ph) for ph in ("prefill", "decode")}
         a2a = coefs.a2a
         self._a2a = AllToAll(model, hw, shape.ep, a2a.latency_s, a2a.link_efficiency)
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
         A, B, C, D = self._pre
+        per_seq = self._pre_seq
         t = A
         for n, p in chunks:
-            t += n * (B + C * p + D * n)
+            t += n * (B + C * p + D * n) + per_seq
         return t
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
@@ -102,7 +121,10 @@ class ProfileStepCost(StepCost):
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
             return 0.0
-        per_layer = self._moe_const + max(self._moe_mem, self._moe_pair * tokens_per_rank)
+        pairs = tokens_per_rank * self._top_k
+        E = self._moe_experts
+        active = E * (1.0 - math.exp(-pairs / E))
+        per_layer = self._moe_const + self._moe_e * active + self._moe_pair * pairs
         return per_layer * self._moe_layers[phase]
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:

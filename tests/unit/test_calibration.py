@@ -134,7 +134,8 @@ def test_profile_cost_composes_layers_of_the_model():
     assert got == pytest.approx(40 * one)
     m = prof.hardware["h200"].moe
     E = model.experts_per_gpu(4, 4)
-    assert c.moe_s(100.0, "prefill") == pytest.approx(20 * (m.a + max(m.e * E, m.f * 600)))
+    active = E * (1 - np.exp(-600 / E))  # 100 tokens × top-6 pairs over E local experts
+    assert c.moe_s(100.0, "prefill") == pytest.approx(20 * (m.a + m.e * active + m.f * 600))
 
 
 def test_derived_profile_scales_by_the_bounding_resource():
@@ -177,7 +178,10 @@ class SyntheticBench:
         from deepinfer_sim.calibration.profile import Dtypes
 
         self.dtypes = Dtypes()
-        self.decode_host_overhead: list[float] = []
+        self.host_overhead: dict[str, list[float]] = {"decode": [2e-3]}
+
+    def warmup(self) -> None:
+        pass
         self.rng = np.random.default_rng(5)
 
     def _noise(self, t: float) -> float:
@@ -208,6 +212,9 @@ class SyntheticBench:
 
     def vision(self) -> float | None:
         return 0.02
+
+    def engine_steps(self) -> list[tuple[str, int, int, int, float]]:
+        return []
 
 
 def test_sweep_builds_a_profile_that_meets_the_fit_target(tmp_path):
