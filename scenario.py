@@ -11,6 +11,7 @@ here or in the model/hardware YAML, never in simulator code.
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,14 @@ class PrefillPool(FrozenModel):
     redundant_experts_per_gpu: int = Field(4, ge=0)
     max_tokens_per_step: int = Field(
         32768, ge=1, description="token budget of one DP rank's prefill step"
+    )
+    step_time_budget_s: float = Field(
+        1.0, gt=0, description="time a prefill step may take; the chunk scheduler fills it"
+    )
+    scheduler: Literal["chunked", "whole"] = Field(
+        "chunked",
+        description="chunked: quadratic-cost chunks within the time and token budgets; "
+        "whole: first come, first served, whole prompts within the token budget",
     )
 
     @property
@@ -110,8 +119,36 @@ class ExpertImbalance(FrozenModel):
     decode: float = Field(1.090, ge=1)
 
 
+class Tiers(FrozenModel):
+    """Prefill length tiers (by total context) and how often instances are re-assigned."""
+
+    boundaries: tuple[int, ...] = Field(
+        (16384, 65536, 262144), description="upper bounds of all but the last tier, increasing"
+    )
+    round_s: float = Field(60.0, gt=0, description="re-assignment round length")
+
+    @model_validator(mode="after")
+    def _increasing(self) -> Tiers:
+        b = self.boundaries
+        if any(x <= 0 for x in b) or any(y <= x for x, y in itertools.pairwise(b)):
+            raise ValueError("boundaries must be positive and strictly increasing")
+        return self
+
+    def names(self) -> list[str]:
+        edges = [0, *self.boundaries]
+        out = [
+            f"<{b // 1024}K" if i == 0 else f"{edges[i] // 1024}K-{b // 1024}K"
+            for i, b in enumerate(self.boundaries)
+        ]
+        out.append(f">={edges[-1] // 1024}K")
+        return out
+
+
 class Policies(FrozenModel):
-    prefill_router: Literal["least_outstanding", "round_robin"] = "least_outstanding"
+    prefill_router: Literal["tiered", "least_outstanding", "round_robin", "cache_affinity"] = (
+        "tiered"
+    )
+    tiers: Tiers = Tiers()
     decode_balancer: Literal["least_requests", "round_robin"] = "least_requests"
     expert_imbalance: ExpertImbalance = ExpertImbalance()
 
@@ -141,6 +178,37 @@ class Workload(FrozenModel):
         if self.end_s is not None and self.end_s <= self.start_s:
             raise ValueError("end_s must be greater than start_s")
         return self
+
+
+class PrefixCache(FrozenModel):
+    """The block prefix cache (in-memory reference store until the 3FS store replaces it)."""
+
+    enabled: bool = True
+    capacity_tokens: int | None = Field(
+        None, ge=512, description="logical capacity; None = unbounded (every block kept)"
+    )
+    load_gbps_per_8_gpus: float = Field(
+        400, gt=0, description="ingress bandwidth a prefill instance loads hits and slots with"
+    )
+
+
+class SwaCache(FrozenModel):
+    """SWA slots in prefill machines' host memory, and how a miss is rebuilt."""
+
+    mode: Literal["bounded", "exact"] = Field(
+        "bounded",
+        description="decoder SWA rebuild per prefill: bounded replays the last 128 tokens, "
+        "exact recomputes the last 2,560 through the decoder layers",
+    )
+    host_fraction: float = Field(
+        0.5, gt=0, le=1, description="share of a machine's host memory that holds SWA slots"
+    )
+    vlan_gbps: float = Field(400, gt=0, description="cross-machine slot fetch bandwidth")
+
+
+class Cache(FrozenModel):
+    prefix: PrefixCache = PrefixCache()
+    swa: SwaCache = SwaCache()
 
 
 class Slo(FrozenModel):
@@ -204,6 +272,7 @@ class Scenario(FrozenModel):
     pools: Pools = Pools()
     network: Network = Network()
     policies: Policies = Policies()
+    cache: Cache = Cache()
     workload: Workload = Workload()
     slo: Slo = Slo()
     prices: Prices = Prices()

@@ -95,19 +95,23 @@ def simulate_prefill(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) 
     inst = PrefillInstance(
         env,
         0,
+        0,
         validation_cost(profile, shape),
         1,
         shape.prefill_token_budget,
+        1e9,
         1.0,
         table,
+        lambda n, p, replay: 0.0,
         lambda rid, i: None,
+        whole_prompts=True,
     )
 
     def arrivals():
         for rid in range(len(src)):
             if src.arrival_s[rid] > env.now:
                 yield env.timeout(src.arrival_s[rid] - env.now)
-            inst.submit(rid)
+            inst.submit(rid, 0, 0, 0)
 
     env.process(arrivals())
     env.run()

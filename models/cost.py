@@ -29,7 +29,8 @@ from .attention import AttentionCost
 from .hardware import HardwareSpec
 from .spec import ModelSpec, compute_class, dtype_bytes
 
-Phase = Literal["prefill", "decode"]
+Phase = Literal["prefill", "decode", "replay"]
+PHASES: tuple[Phase, ...] = ("prefill", "decode", "replay")
 Chunk = tuple[int, int]  # (new tokens computed this step, prefix tokens already computed)
 
 
@@ -91,7 +92,7 @@ class AllToAll:
                 + dtype_bytes(model.precision.activations_combine)
             )
         )
-        self._layers = {ph: model.moe_layer_count(ph) for ph in ("prefill", "decode")}
+        self._layers = {ph: model.moe_layer_count(ph) for ph in PHASES}
         in_domain = min(ep, hw.scaleup.domain_gpus)
         self._intra = (in_domain - 1) / (ep - 1) if ep > 1 else 1.0
         if latency_s is None:  # datasheet latency of the link kind the group spans
@@ -122,6 +123,11 @@ class StepCost(ABC):
         """Non-expert time of one DP rank computing these (new tokens, computed prefix) chunks."""
 
     @abstractmethod
+    def replay_dense(self, chunks: Sequence[Chunk]) -> float:
+        """Non-expert time of one DP rank running SWA-replay chunks through the replay-only
+        (decoder) layers; 0 for models without such layers."""
+
+    @abstractmethod
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
         """Per-rank non-expert time of a decode step: ``batch`` sequences holding ``kv_tokens``
         context tokens in total on each rank, ``verify`` tokens computed per sequence."""
@@ -139,20 +145,62 @@ class StepCost(ABC):
         exposed = max(0.0, comm - self.comm_overlap * compute)
         return self.step_overhead_s + compute + exposed
 
-    def prefill_step(self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0) -> float:
-        """Step time of a prefill instance whose DP ranks compute the given chunks."""
+    def prefill_step(
+        self,
+        ranks: Sequence[Sequence[Chunk]],
+        imbalance: float = 1.0,
+        replay: Sequence[Sequence[Chunk]] = (),
+    ) -> float:
+        """Step time of a prefill instance whose DP ranks compute the given chunks through the
+        prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
         dense_max = 0.0
         tokens_max = 0.0
         tokens_sum = 0.0
-        for chunks in ranks:
-            if not chunks:
+        replay_sum = 0.0
+        replay_max = 0.0
+        for i, chunks in enumerate(ranks):
+            rep = replay[i] if i < len(replay) else ()
+            if not chunks and not rep:
                 continue
-            dense_max = max(dense_max, self.prefill_dense(chunks))
+            dense = self.prefill_dense(chunks) if chunks else 0.0
             tokens = float(sum(n for n, _ in chunks))
+            if rep:
+                dense += self.replay_dense(rep)
+                r = float(sum(n for n, _ in rep))
+                replay_sum += r
+                replay_max = max(replay_max, r)
+            dense_max = max(dense_max, dense)
             tokens_sum += tokens
             tokens_max = max(tokens_max, tokens)
-        moe = self.moe_s(tokens_sum / self.shape.ep, "prefill")
-        return self.compose(dense_max, moe, imbalance, self.a2a_s(tokens_max, "prefill"))
+        ep = self.shape.ep
+        moe = self.moe_s(tokens_sum / ep, "prefill")
+        comm = self.a2a_s(tokens_max, "prefill")
+        if replay_sum:
+            moe += self.moe_s(replay_sum / ep, "replay")
+            comm += self.a2a_s(replay_max, "replay")
+        return self.compose(dense_max, moe, imbalance, comm)
+
+    def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
+        """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step
+        (every DP rank computing n new tokens after p), fitted once by relative least squares
+        over n 64..32,768 and p 0..262,144. The chunk scheduler solves it for n in closed form."""
+        if getattr(self, "_quadratic", None) is None:
+            ns = np.geomspace(64, 32768, 10).round()
+            ps = np.concatenate([[0.0], np.geomspace(1024, 262144, 7)])
+            rows, ts = [], []
+            for n in ns:
+                for p in ps:
+                    rank = [(int(n), int(p))]
+                    ts.append(self.prefill_step([rank] * self.shape.ep, imbalance))
+                    rows.append([1.0, n, n * p, n * n])
+            X, t = np.array(rows), np.array(ts)
+            from scipy.optimize import lsq_linear
+
+            scale = X.max(axis=0)
+            res = lsq_linear(X / scale / t[:, None], np.ones_like(t), bounds=(0, np.inf))
+            a, b, c, d = (float(v) for v in res.x / scale)
+            self._quadratic = (a, b, c, d)
+        return self._quadratic
 
     def decode_step(
         self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float, imbalance: float = 1.0
@@ -192,17 +240,19 @@ class RooflineStepCost(StepCost):
         bw = hw.hbm_bytes_per_s * params.memory_efficiency
         self._bw = bw
         ep, red = shape.ep, shape.redundant_experts_per_gpu
-        self._expert_flops = {
-            ph: model.linear_flops_per_token(ph)[1] for ph in ("prefill", "decode")
-        }
+        self._expert_flops = {ph: model.linear_flops_per_token(ph)[1] for ph in PHASES}
         self._expert_mem_s = {
             ph: model.experts_per_gpu(ep, red) * model.expert_bytes * model.moe_layer_count(ph) / bw
-            for ph in ("prefill", "decode")
+            for ph in PHASES
         }
         self._overhead = {
             "prefill": params.layer_overhead_s * model.prefill_layers,
             "decode": params.layer_overhead_s * model.n_layers,
+            "replay": params.layer_overhead_s * model.replay_only_layers,
         }
+        # replay (decoder layers in prefill): as prefill, over the replay-only layers
+        self._r_tok = model.linear_flops_per_token("replay")[0] / dense_rate
+        self._r_mem0 = model.dense_weight_bytes * model.replay_only_layers / model.n_layers / bw
         # prefill, per rank: compute = tokens·p_tok + attention FLOPs / attn_rate;
         # memory = p_mem0 + tokens·p_mem_tok (dense weights of the prefill layers + KV written)
         self._p_tok = model.linear_flops_per_token("prefill")[0] / dense_rate
@@ -244,6 +294,20 @@ class RooflineStepCost(StepCost):
         compute = tokens * self._p_tok + attn / self._attn_rate
         memory = self._p_mem0 + tokens * self._p_mem_tok
         return max(compute, memory) + self._overhead["prefill"]
+
+    def replay_dense(self, chunks: Sequence[Chunk]) -> float:
+        if not self.model.replay_only_layers:
+            return 0.0
+        tokens = 0.0
+        attn = 0.0
+        flops = self.attn.replay_flops
+        for n, p in chunks:
+            tokens += n
+            attn += flops.chunk(n, p)
+        if tokens <= 0:
+            return 0.0
+        compute = tokens * self._r_tok + attn / self._attn_rate
+        return max(compute, self._r_mem0) + self._overhead["replay"]
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
         # Hot path (once per decode step, vectorized over the group's ranks). An idle rank shows

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..calibration.profile import HardwareCoefs
 from ..errors import ConfigError
-from .cost import AllToAll, Chunk, Phase, PoolShape, StepCost, StepParams
+from .cost import PHASES, AllToAll, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
 from .spec import ModelSpec
 
@@ -55,16 +55,21 @@ class ProfileStepCost(StepCost):
             return table[kind]
 
         host = coefs.host_overhead_s
-        A = host.prefill * model.prefill_layers if eager else 0.0
-        B = C = D = 0.0
-        for g in model.layer_groups:
-            if g.in_prefill:
+
+        def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
+            A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
+            B = C = D = 0.0
+            for g in groups:
                 c = coef_of(coefs.prefill, g.attention, "prefill")
                 A += g.count * c.a
                 B += g.count * c.b
                 C += g.count * c.c
                 D += g.count * c.d
-        self._pre = (A, B, C, D)
+            return A, B, C, D
+
+        self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], host.prefill)
+        replay_groups = [g for g in model.layer_groups if not g.in_prefill]
+        self._rep = layer_sum(replay_groups, host.prefill) if replay_groups else None
         # decode: group layer counts by kind, then per kind (count·a, w, b, count·c, count·d)
         counts: dict[str, int] = {}
         for g in model.layer_groups:
@@ -99,7 +104,7 @@ class ProfileStepCost(StepCost):
             self._dec_kv += eng.decode_per_kv_token_s
         else:
             self._pre_seq = 0.0
-        self._moe_layers = {ph: model.moe_layer_count(ph) for ph in ("prefill", "decode")}
+        self._moe_layers = {ph: model.moe_layer_count(ph) for ph in PHASES}
         a2a = coefs.a2a
         self._a2a = AllToAll(model, hw, shape.ep, a2a.latency_s, a2a.link_efficiency)
 
@@ -109,6 +114,15 @@ class ProfileStepCost(StepCost):
         t = A
         for n, p in chunks:
             t += n * (B + C * p + D * n) + per_seq
+        return t
+
+    def replay_dense(self, chunks: Sequence[Chunk]) -> float:
+        if self._rep is None:
+            return 0.0
+        A, B, C, D = self._rep
+        t = A
+        for n, p in chunks:
+            t += n * (B + C * p + D * n)
         return t
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:

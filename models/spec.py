@@ -155,8 +155,11 @@ class ModelSpec(FrozenModel):
         """Layers that prefill runs only on the SWA replay segment (decoder layers)."""
         return sum(g.count for g in self.layer_groups if not g.in_prefill)
 
-    def moe_layer_count(self, phase: Literal["prefill", "decode"]) -> int:
-        """MoE layers a token passes in this phase (the leading dense layers are not MoE)."""
+    def moe_layer_count(self, phase: Literal["prefill", "decode", "replay"]) -> int:
+        """MoE layers a token passes in this phase (the leading dense layers are not MoE).
+        ``replay``: the replay-only (decoder) layers an SWA replay token passes in prefill."""
+        if phase == "replay":
+            return self.moe_layer_count("decode") - self.moe_layer_count("prefill")
         layers = self.prefill_layers if phase == "prefill" else self.n_layers
         return max(0, layers - self.moe.dense_layers)
 
@@ -273,8 +276,14 @@ class ModelSpec(FrozenModel):
         return self.kv_bytes_per_token() * context_tokens + self.swa_slot_bytes
 
     # ---- FLOPs and bytes per token --------------------------------------------------------------
-    def linear_flops_per_token(self, phase: Literal["prefill", "decode"]) -> tuple[float, float]:
+    def linear_flops_per_token(
+        self, phase: Literal["prefill", "decode", "replay"]
+    ) -> tuple[float, float]:
         """(dense FLOPs, routed-expert FLOPs) of the matrix multiplies for one token."""
+        if phase == "replay":  # decoder layers only, no output head
+            routed = self.moe.top_k * self.expert_params * self.moe_layer_count("replay")
+            dense = self._dense_params("decode") - self._dense_params("prefill")
+            return 2.0 * dense, 2.0 * routed
         routed = self.moe.top_k * self.expert_params * self.moe_layer_count(phase)
         dense = self.active_params(phase) - routed
         return 2.0 * dense, 2.0 * routed

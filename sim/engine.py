@@ -35,9 +35,9 @@ from .decode import DecodeGroup
 from .itl import itl_summary
 from .network import Link
 from .prefill import PrefillInstance
+from .prefill_path import PrefillPath
 from .requests import RejectReason, RequestTable, State
 from .result import Result
-from .router import make_router
 from .summary import summarize
 from .timeseries import TimeseriesSampler
 from .vision import VisionInstance, least_outstanding
@@ -122,6 +122,7 @@ class Cluster:
     ended: int = 0
     all_ended: simpy.Event | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    path: PrefillPath | None = None
 
     def count_end(self) -> None:
         self.ended += 1
@@ -170,7 +171,8 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     for i in range(pools.prefill.instances):
         cl.links.append(Link(env, f"pd{i}", link_bw, sc.network.pd_latency_s))
 
-    def on_transfer_done(rid: int) -> None:
+    def on_transfer_done(flow: int) -> None:
+        rid = flow // 2  # egress flows: 2·rid = P->D transfer, 2·rid + 1 = store write
         table.t_transfer_end[rid] = env.now
         cl.decode[int(table.decode_group[rid])].arrive(rid)
 
@@ -186,7 +188,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         nbytes = kv_per_token * float(table.input_len[rid]) + slot_bytes
         table.transfer_bytes[rid] = nbytes
         table.state[rid] = State.TRANSFER
-        cl.links[inst].send(rid, nbytes, on_transfer_done)
+        cl.links[inst].send(2 * rid, nbytes, on_transfer_done)
 
     prefill_cost = make_step_cost(
         sc,
@@ -196,23 +198,20 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         pools.prefill.ep,
         pools.prefill.redundant_experts_per_gpu,
     )
-    for i in range(pools.prefill.instances):
-        cl.prefill.append(
-            PrefillInstance(
-                env,
-                i,
-                prefill_cost,
-                pools.prefill.ep,
-                pools.prefill.max_tokens_per_step,
-                imb.prefill,
-                table,
-                on_prefill_done,
-            )
-        )
-    router = make_router(sc.policies.prefill_router, cl.prefill)
-
-    def to_prefill(rid: int) -> None:
-        cl.prefill[router.choose(rid)].submit(rid)
+    cl.path = PrefillPath(
+        sc,
+        model,
+        hw["prefill"],
+        env,
+        table,
+        source,
+        prefill_cost,
+        imb.prefill,
+        cl.links,
+        on_prefill_done,
+    )
+    cl.prefill = cl.path.instances
+    to_prefill = cl.path.admit
 
     if pools.vision.instances:
         ve_hw = hw["vision"]

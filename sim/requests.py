@@ -60,6 +60,13 @@ class RequestTable:
         self.decode_rank = neg()
         self.vision_instance = neg()
         self.transfer_bytes = np.zeros(n)
+        # prefill path: prefix-cache hit, length tier, SWA lookup and replayed tokens
+        self.hit_tokens = np.zeros(n, dtype=np.int64)
+        self.tier = neg()
+        # SWA lookup: 0 nothing to look up, 1 miss, 2 local hit, 3 remote hit
+        self.swa_lookup = np.zeros(n, dtype=np.int8)
+        self.enc_replay = np.zeros(n, dtype=np.int64)
+        self.dec_replay = np.zeros(n, dtype=np.int64)
 
     def reject(self, rid: int, reason: RejectReason) -> None:
         self.state[rid] = State.REJECTED
@@ -106,5 +113,12 @@ class RequestTable:
                 "transfer_s": self.t_transfer_end - self.t_prefill_end,
                 "queue_decode_s": self.t_decode_start - self.t_transfer_end,
                 "transfer_bytes": self.transfer_bytes,
+                "prefix_hit_tokens": self.hit_tokens,
+                "tier": self.tier,
+                "swa": pd.Categorical.from_codes(
+                    self.swa_lookup, ["none", "miss", "local", "remote"]
+                ),
+                "encoder_replay_tokens": self.enc_replay,
+                "decoder_replay_tokens": self.dec_replay,
             }
         )

@@ -51,6 +51,56 @@ def _cost(cl: Cluster, out_tok_s: float, in_tok_s: float) -> dict[str, Any]:
     }
 
 
+def _prefill(cl: Cluster) -> dict[str, Any]:
+    t = cl.table
+    stats = [p.stats for p in cl.prefill]
+    looked = t.swa_lookup
+    tiers = cl.sc.policies.tiers.names()
+    by_tier = {}
+    done = t.state == State.DONE
+    for i, name in enumerate(tiers):
+        sel = done & (t.tier == i)
+        if sel.any():
+            ttft = (t.t_transfer_end - t.arrival)[sel]
+            by_tier[name] = {"requests": int(sel.sum()), "ttft_s": dist_stats(ttft)}
+    return {
+        "scheduler": cl.sc.pools.prefill.scheduler,
+        "router": cl.sc.policies.prefill_router,
+        "swa_mode": cl.sc.cache.swa.mode,
+        "compute_tokens": sum(s.compute_tokens for s in stats),
+        "replay_tokens": sum(s.replay_tokens for s in stats),
+        "flops": sum(s.flops for s in stats),
+        "replay_flops": sum(s.replay_flops for s in stats),
+        "steps": sum(p.steps for p in cl.prefill),
+        "swa_hits": int(((looked == 2) | (looked == 3)).sum()),
+        "swa_remote_hits": int((looked == 3).sum()),
+        "swa_misses": int((looked == 1).sum()),
+        "by_tier": by_tier,
+    }
+
+
+def _cache(cl: Cluster) -> dict[str, Any]:
+    t = cl.table
+    src = t.source
+    looked_up = t.state != State.PENDING
+    looked_up &= t.state != State.REJECTED
+    hit = t.hit_tokens[looked_up].astype(float)
+    total = t.input_len[looked_up].astype(float)
+    classes = src.traffic_class[looked_up]
+    by_class = {}
+    for code, name in enumerate(src.class_names):
+        sel = classes == code
+        if sel.any():
+            by_class[name] = float(hit[sel].sum() / total[sel].sum())
+    return {
+        "enabled": cl.sc.cache.prefix.enabled,
+        "hit_rate_tokens": float(hit.sum() / total.sum()) if total.sum() else None,
+        "by_class": by_class,
+        "hit_tokens": float(hit.sum()),
+        "blocks_stored": len(cl.path.store) if cl.path and cl.path.store is not None else 0,
+    }
+
+
 def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[str, Any]:
     t = cl.table
     sc = cl.sc
@@ -134,6 +184,8 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
             "mean_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["mean"],
             "p99_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["p99"],
         },
+        "prefill": _prefill(cl),
+        "cache": _cache(cl),
         "cost": _cost(cl, out_s, in_s),
         "sim": {
             "seed": sc.seed,

@@ -32,7 +32,9 @@ class TimeseriesSampler:
             "prefill_busy": sum(p.busy_s for p in cl.prefill),
             "decode_busy": sum(g.busy_s for g in cl.decode),
             "vision_busy": sum(v.busy_s for v in cl.vision),
-            "prefill_tokens": sum(p.tokens_done for p in cl.prefill),
+            "prefill_tokens": sum(p.stats.compute_tokens for p in cl.prefill),
+            "hit_tokens": cl.path.hit_tokens_total if cl.path else 0,
+            "lookup_tokens": cl.path.input_tokens_total if cl.path else 0,
             "output_tokens": sum(g.tokens_out for g in cl.decode),
         }
 
@@ -62,7 +64,7 @@ class TimeseriesSampler:
                 "completed": int(states[State.DONE]),
                 "rejected": int(states[State.REJECTED]),
                 "vision_queue": sum(len(v.queue) for v in cl.vision),
-                "prefill_queue": sum(len(p.queue) for p in cl.prefill),
+                "prefill_queue": sum(p.queued for p in cl.prefill),
                 "transfers_in_flight": sum(link.active for link in cl.links),
                 "decode_waiting": sum(g.n_waiting for g in cl.decode),
                 "decode_running": sum(g.n for g in cl.decode),
@@ -74,6 +76,8 @@ class TimeseriesSampler:
                 "decode_util": util("decode_busy", pools.decode.groups),
                 "prefill_tok_per_s": (now["prefill_tokens"] - self._prev["prefill_tokens"]) / dt,
                 "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
+                "prefix_hit_rate": (now["hit_tokens"] - self._prev["hit_tokens"])
+                / max(1.0, now["lookup_tokens"] - self._prev["lookup_tokens"]),
             }
         )
         self._prev = now

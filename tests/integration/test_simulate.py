@@ -67,8 +67,9 @@ def test_prefill_utilization_matches_offered_load(tiny, synthetic):
     arrivals = np.cumsum(rng.exponential(1 / rate, 4000))
     source = synthetic(arrivals, 4096, 1)
     cl = build_cluster(sc, source)  # to read the per-step cost of one 4096-token prompt
+    replay = 128  # bounded decoder-layer SWA replay that rides with each prompt's last chunk
     service = cl.prefill[0].cost.prefill_step(
-        [[(4096, 0)], []], sc.policies.expert_imbalance.prefill
+        [[(4096, 0)], []], sc.policies.expert_imbalance.prefill, replay=[[(replay, 4096 - replay)]]
     )
     result = simulate(sc, source=source)
     offered = rate * service / 4
@@ -120,11 +121,15 @@ def test_images_need_a_vision_encoder(tiny, synthetic):
 def test_transfer_time_follows_link_bandwidth(tiny, synthetic):
     """A lone transfer takes latency + bytes / (per-8-GPU budget scaled to the instance)."""
     source = synthetic([0.0], 64_000, 5)
-    sc = tiny(**{"network.pd_gbps_per_8_gpus": 100.0})
+    sc = tiny(**{"network.pd_gbps_per_8_gpus": 100.0, "cache.prefix.enabled": False})
     result = simulate(sc, source=source)
     row = result.requests.iloc[0]
     bw = 100e9 / 8 * sc.pools.prefill.ep / 8
     assert row["transfer_s"] == pytest.approx(sc.network.pd_latency_s + row["transfer_bytes"] / bw)
+    # with the prefix cache on, the prompt's blocks are written back over the same egress link
+    # at the same time, so the two flows share it and the transfer takes longer
+    shared = simulate(tiny(**{"network.pd_gbps_per_8_gpus": 100.0}), source=source)
+    assert shared.requests.iloc[0]["transfer_s"] > 1.5 * row["transfer_s"]
 
 
 def test_default_scenario_runs_a_slice(tmp_path):

@@ -305,34 +305,33 @@ def _without_decoder(tmp_path: Path) -> ModelSpec:
     return load_model(str(path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RooflineStepCost.prefill_dense charges only the encoder layers: neither "
-    "AttentionCost.replay_flops nor the decoder layers' linear FLOPs are used anywhere, so the "
-    "SWA replay of SPEC.md §2.6 (128 bounded / 2,560 exact tokens through 20 decoder layers) "
-    "costs nothing in prefill",
-)
 def test_v41_prefill_pays_for_the_decoder_replay(tmp_path: Path) -> None:
-    """Every V4.1 prefill also runs the replay segment through the 20 decoder layers.
+    """A V4.1 prefill step that carries an SWA replay segment pays for the decoder layers.
 
-    SPEC.md §2.6: the decoder SWA cache must be computed on every prefill — bounded replay of
-    128 tokens (or exact reconstruction over 2,560) through the decoder layers — and choosing
-    between the two "nearly halves total prefill compute". A whole 4K prompt prefilled in one
-    step must therefore cost at least 128 tokens' worth of decoder-layer dense FLOPs more than the
-    same model with the decoder layers removed.
+    SPEC.md §2.6: the decoder SWA cache is rebuilt on every prefill by running a replay segment
+    (128 tokens bounded, 2,560 exact) through the 20 decoder layers. The scheduler passes that
+    segment as ``replay`` chunks: a whole 4K prompt plus a 128-token replay must cost at least
+    128 tokens' worth of decoder-layer dense FLOPs more than the prompt alone, and a model
+    without decoder layers charges nothing for it.
     """
     full = load_model(V41)
     hw, shape, params = load_hardware("b200"), PoolShape(4, 4), RooflineParams()
-    with_dec = RooflineStepCost(full, hw, shape, params)
+    c = RooflineStepCost(full, hw, shape, params)
     without = RooflineStepCost(_without_decoder(tmp_path), hw, shape, params)
     head = 2 * full.vocab * full.hidden
     dec_dense_flops = (
         full.linear_flops_per_token("decode")[0] - full.linear_flops_per_token("prefill")[0] - head
     )
+    assert dec_dense_flops == pytest.approx(full.linear_flops_per_token("replay")[0])
     min_extra = 128 * dec_dense_flops / (hw.flops("fp8") * params.gemm_efficiency)
     assert min_extra > 0
-    chunk = [(4_096, 0)]
-    assert with_dec.prefill_dense(chunk) >= without.prefill_dense(chunk) + min_extra
+    ranks = [[(4_096, 0)]]
+    replay = [[(128, 3_968)]]
+    assert c.replay_dense(replay[0]) >= min_extra
+    assert c.prefill_step(ranks, replay=replay) > c.prefill_step(ranks) + min_extra
+    assert without.replay_dense(replay[0]) == 0.0
+    exact = [[(2_560, 1_536)]]
+    assert c.prefill_step(ranks, replay=exact) > c.prefill_step(ranks, replay=replay)
 
 
 # ---- RooflineStepCost: decode -------------------------------------------------------------------
