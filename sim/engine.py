@@ -278,8 +278,9 @@ def check_invariants(cl: Cluster) -> None:
             errs.append("running decode slots do not match requests in DECODE state")
             break
     in_transfer = int(states[State.TRANSFER])
-    if sum(link.active for link in cl.links) > in_transfer:
-        errs.append("more link flows than requests in TRANSFER state")
+    transfers = sum(1 for link in cl.links for fid in link.callbacks if fid % 2 == 0)
+    if transfers != in_transfer:
+        errs.append(f"{transfers} P->D flows on the links but {in_transfer} requests in TRANSFER")
     if errs:
         raise InvariantError("; ".join(errs))
 

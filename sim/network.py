@@ -4,9 +4,9 @@ A :class:`Link` carries concurrent transfers that share its bandwidth equally: w
 flight each progresses at ``bandwidth / k``. Bookkeeping uses a virtual clock ``V`` (bytes served
 to every active flow so far): a flow that starts at ``V0`` with ``b`` bytes finishes when ``V``
 reaches ``V0 + b``, so the flows live in a heap keyed by that finish tag and the link keeps one
-pending wake-up for the smallest. A transfer costs two events (start and finish) however many
-flows share the link. A link can be cut (no progress: flows stall) and repaired; the stall shows
-in the transfer time.
+pending wake-up for the smallest (kept when a new flow only delays it). A transfer costs about
+one event however many flows share the link. A link can be cut (no progress: flows stall) and
+repaired; the stall shows in the transfer time.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Link:
     __slots__ = (
         "_heap",
         "_last",
+        "_pending_at",
         "_version",
         "_virtual",
         "bytes_per_s",
@@ -49,6 +50,7 @@ class Link:
         self._virtual = 0.0
         self._last = env.now
         self._version = 0
+        self._pending_at = float("inf")
         self.up = True
         self.transfers = 0
         self.bytes_total = 0.0
@@ -66,20 +68,30 @@ class Link:
         self._last = now
 
     def _reschedule(self) -> None:
-        self._version += 1
         rate = self._rate_per_flow()
         if rate <= 0:
+            self._version += 1  # cut or idle: any pending wake-up is void
+            self._pending_at = float("inf")
             return
-        version = self._version
         delay = max(0.0, (self._heap[0][0] - self._virtual) / rate)
+        target = self.env.now + delay
+        if self._pending_at <= target:
+            return  # an earlier wake-up is pending: it will re-check and reschedule
+        self._version += 1
+        version = self._version
+        self._pending_at = target
         self.env.timeout(delay).callbacks.append(lambda _ev: self._on_wake(version))
 
     def _on_wake(self, version: int) -> None:
         if version != self._version:
-            return  # superseded by a later start, finish, cut or repair
+            return  # superseded by an earlier wake-up, a cut or a repair
+        self._pending_at = float("inf")
         self._advance()
-        # The wake-up was scheduled for the smallest tag: land on it exactly (no round-off drift).
-        self._virtual = max(self._virtual, self._heap[0][0])
+        # A wake-up scheduled for the smallest tag lands on it exactly (no round-off drift); an
+        # early one (the rates changed since) just finds nothing finished and reschedules.
+        tag = self._heap[0][0]
+        if tag - self._virtual <= 1e-9 * tag + 1e-6:
+            self._virtual = max(self._virtual, tag)
         finished = []
         while self._heap and self._heap[0][0] <= self._virtual:
             finished.append(heapq.heappop(self._heap)[1])
@@ -88,20 +100,17 @@ class Link:
             self.callbacks.pop(fid)(fid)
 
     def send(self, flow_id: int, nbytes: float, on_done: Callable[[int], None]) -> None:
-        """Start a transfer; ``on_done(flow_id)`` is called when its last byte arrives."""
+        """Start a transfer; ``on_done(flow_id)`` is called when its last byte arrives.
+
+        The latency is charged as ``latency × bandwidth`` extra bytes on the flow: exact for a
+        flow alone on the link, and it saves an event per transfer (latencies here are µs)."""
         self.transfers += 1
         self.bytes_total += nbytes
-
-        def start(_ev: object = None) -> None:
-            self._advance()
-            heapq.heappush(self._heap, (self._virtual + float(nbytes), flow_id))
-            self.callbacks[flow_id] = on_done
-            self._reschedule()
-
-        if self.latency_s > 0:
-            self.env.timeout(self.latency_s).callbacks.append(start)
-        else:
-            start()
+        self._advance()
+        size = float(nbytes) + self.latency_s * self.bytes_per_s
+        heapq.heappush(self._heap, (self._virtual + size, flow_id))
+        self.callbacks[flow_id] = on_done
+        self._reschedule()
 
     def cut(self) -> None:
         self._advance()

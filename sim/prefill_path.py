@@ -15,9 +15,9 @@ or 2,560 (exact) through the decoder layers. Replay never enters the prefix cach
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
-import numpy as np
 import simpy
 
 from ..errors import ConfigError
@@ -118,7 +118,7 @@ class PrefillPath:
                 f"{model.max_context_tokens:,}-token context (needs {worst:.4g} s)",
             )
         tiers = sc.policies.tiers
-        self.boundaries = np.asarray(tiers.boundaries)
+        self.boundaries = list(tiers.boundaries)
         self.router = make_router(
             sc.policies.prefill_router,
             env,
@@ -141,7 +141,7 @@ class PrefillPath:
         hit = k * self.block
         key = int(hashes[k - 1]) if k else -1
         holder = self.swa.holder(key) if (self.swa is not None and k) else None
-        tier = int(np.searchsorted(self.boundaries, n_in, side="right"))
+        tier = bisect.bisect_right(self.boundaries, n_in)
         work = self.instances[0].predicted_s(n_in - hit, hit)
         inst = self.router.choose(rid, Route(tier, work, -1 if holder is None else holder))
         instance = self.instances[inst]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from deepinfer_sim import simulate
 from deepinfer_sim.errors import ConfigError
 from deepinfer_sim.sim.chunking import chunk_time, largest_chunk
