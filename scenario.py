@@ -149,6 +149,9 @@ class Policies(FrozenModel):
         "tiered"
     )
     tiers: Tiers = Tiers()
+    affinity_slack_s: float = Field(
+        0.5, ge=0, description="cache_affinity: extra queued work accepted to stay local"
+    )
     decode_balancer: Literal["least_requests", "round_robin"] = "least_requests"
     expert_imbalance: ExpertImbalance = ExpertImbalance()
 

@@ -277,6 +277,8 @@ def check_invariants(cl: Cluster) -> None:
         if sum(gr.n for gr in cl.decode) != running:
             errs.append("running decode slots do not match requests in DECODE state")
             break
+    if cl.path is not None:
+        errs.extend(cl.path.check())
     in_transfer = int(states[State.TRANSFER])
     transfers = sum(1 for link in cl.links for fid in link.callbacks if fid % 2 == 0)
     if transfers != in_transfer:

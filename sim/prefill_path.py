@@ -125,6 +125,7 @@ class PrefillPath:
             self.instances,
             len(tiers.boundaries) + 1,
             tiers.round_s,
+            sc.policies.affinity_slack_s,
         )
         self.hit_blocks: dict[int, int] = {}
         self.store_writes = 0
@@ -190,3 +191,20 @@ class PrefillPath:
         if self.swa is not None and full:
             self.swa.insert(int(hashes[full - 1]), self.instances[inst].machine)
         self.on_prefilled(rid, inst)
+
+    # ---- invariants -----------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Every replayed and computed token accounted for; SWA slots within host memory."""
+        errs = self.swa.check() if self.swa is not None else []
+        t = self.table
+        if any(inst.queued for inst in self.instances) or any(link.active for link in self.ingress):
+            return errs  # a run cut by its horizon: prompts are mid-prefill
+        done = t.t_prefill_end == t.t_prefill_end  # not NaN
+        replay = int((t.enc_replay[done] + t.dec_replay[done]).sum())
+        compute = int((t.input_len[done] - t.hit_tokens[done]).sum())
+        stats = [inst.stats for inst in self.instances]
+        if sum(s.replay_tokens for s in stats) != replay:
+            errs.append("replayed tokens do not add up to the requests' replay")
+        if sum(s.compute_tokens for s in stats) != compute:
+            errs.append("computed prefill tokens do not add up to prompts minus hits")
+        return errs

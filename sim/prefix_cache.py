@@ -24,6 +24,10 @@ class PrefixStore(Protocol):
         """Make ``hashes`` present (written after a prefill)."""
         ...
 
+    def __len__(self) -> int:
+        """Blocks held."""
+        ...
+
 
 class MemoryPrefixStore:
     """Chained-block prefix cache in memory; ``capacity_blocks`` None means unbounded."""

@@ -13,7 +13,9 @@ slot. Policies:
 - ``least_outstanding``: the instance with the least predicted outstanding work.
 - ``round_robin``: in turn.
 - ``cache_affinity``: the least-loaded instance on the machine that holds the request's SWA
-  slot, else least outstanding.
+  slot, unless that instance has more than ``affinity_slack_s`` more outstanding work than the
+  least-loaded instance overall (a hot slot — the system prompt's — would otherwise pull every
+  request onto one machine); else least outstanding.
 """
 
 from __future__ import annotations
@@ -70,15 +72,22 @@ class LeastOutstandingRouter:
 
 
 class CacheAffinityRouter(LeastOutstandingRouter):
-    def __init__(self, instances: Sequence[PrefillInstance]) -> None:
+    def __init__(self, instances: Sequence[PrefillInstance], slack_s: float) -> None:
         super().__init__(instances)
+        self.slack_s = slack_s
         self.on_machine: dict[int, list[int]] = {}
         for i, inst in enumerate(instances):
             self.on_machine.setdefault(inst.machine, []).append(i)
 
     def choose(self, rid: int, route: Route) -> int:
+        best = least_loaded(self.instances, self.all)
         local = self.on_machine.get(route.swa_machine)
-        return least_loaded(self.instances, local or self.all)
+        if local:
+            near = least_loaded(self.instances, local)
+            gap = self.instances[near].outstanding_s - self.instances[best].outstanding_s
+            if gap <= self.slack_s:
+                return near
+        return best
 
 
 def apportion(demand: np.ndarray, seats: int) -> np.ndarray:
@@ -119,7 +128,7 @@ class TieredRouter:
         self.demand[route.tier] += route.work_s
         return least_loaded(self.instances, self.members[route.tier] or self.all)
 
-    def _rounds(self, env: simpy.Environment, round_s: float):  # type: ignore[no-untyped-def]
+    def _rounds(self, env: simpy.Environment, round_s: float):
         while True:
             yield env.timeout(round_s)
             self.rebalance(env.now)
@@ -145,12 +154,14 @@ def make_router(
     instances: Sequence[PrefillInstance],
     tiers: int,
     round_s: float,
+    affinity_slack_s: float,
 ) -> PrefillRouter:
     if name == "tiered":
         return TieredRouter(env, instances, tiers, round_s)
+    if name == "cache_affinity":
+        return CacheAffinityRouter(instances, affinity_slack_s)
     simple: dict[str, type[RoundRobinRouter | LeastOutstandingRouter]] = {
         "round_robin": RoundRobinRouter,
         "least_outstanding": LeastOutstandingRouter,
-        "cache_affinity": CacheAffinityRouter,
     }
     return simple[name](instances)
