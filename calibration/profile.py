@@ -165,18 +165,9 @@ def available_profiles() -> list[str]:
 
 def resolve_profile(ref: str, base_dir: Path | None = None) -> Path:
     """A shipped profile name (``sm100-derived``) or a path to a profile YAML."""
-    if ref.endswith((".yaml", ".yml")) or "/" in ref:
-        p = Path(ref)
-        if not p.is_absolute() and base_dir is not None:
-            p = base_dir / p
-        if not p.is_file():
-            raise ConfigError("", f"no such profile file: {p}")
-        return p
-    p = profiles_dir() / f"{ref}.yaml"
-    if not p.is_file():
-        shipped = ", ".join(available_profiles()) or "none"
-        raise ConfigError("", f"unknown cost profile {ref!r}; shipped: {shipped}, or roofline")
-    return p
+    from ..models.registry import resolve_yaml
+
+    return resolve_yaml(ref, profiles_dir(), "cost profile", base_dir)
 
 
 _CACHE: dict[Path, Profile] = {}

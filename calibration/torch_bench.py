@@ -85,27 +85,10 @@ class TorchBench:
 
     # ---- timing --------------------------------------------------------------------------------
     def _time(self, fn: Callable[[], object], reset: Callable[[], None] | None = None) -> float:
-        torch = self.torch
-        times = []
-        for i in range(self.repeats + 1):  # the first run warms up (kernels, autotuning, caches)
-            if reset is not None:
-                reset()
-            if self.cuda:
-                torch.cuda.synchronize(self.device)
-                a = torch.cuda.Event(enable_timing=True)
-                b = torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn()
-                b.record()
-                b.synchronize()
-                t = a.elapsed_time(b) / 1e3
-            else:
-                t0 = time.perf_counter()
-                fn()
-                t = time.perf_counter() - t0
-            if i:
-                times.append(t)
-        return float(np.median(times))
+        """Median of ``repeats`` timed calls after one warm-up (kernels, autotuning, caches)."""
+        from ..kernels._util import median_time
+
+        return median_time(fn, self.device, warmup=1, repeat=self.repeats, reset=reset)
 
     def _x(self, *shape: int):
         return self.torch.randn(

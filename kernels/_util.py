@@ -111,6 +111,38 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def time_once(fn: Any, device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes: CUDA events on CUDA (device synchronized first),
+    perf_counter elsewhere."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end) / 1e3)
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_time(
+    fn: Any, device: torch.device, *, warmup: int = 2, repeat: int = 5, reset: Any = None
+) -> float:
+    """Median of ``repeat`` timed calls after ``warmup`` untimed ones; ``reset()`` (untimed)
+    runs before every call."""
+    times: list[float] = []
+    for i in range(warmup + repeat):
+        if reset is not None:
+            reset()
+        t = time_once(fn, device)
+        if i >= warmup:
+            times.append(t)
+    return float(np.median(times))
+
+
 class Timer:
     """Median device time of a callable: CUDA events on CUDA, perf_counter elsewhere."""
 
@@ -118,21 +150,4 @@ class Timer:
         self.device = device
 
     def __call__(self, fn: Any, *, warmup: int = 2, repeat: int = 5) -> float:
-        for _ in range(warmup):
-            fn()
-        synchronize(self.device)
-        times: list[float] = []
-        for _ in range(repeat):
-            if self.device.type == "cuda":
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+        return median_time(fn, self.device, warmup=warmup, repeat=repeat)

@@ -23,7 +23,6 @@ service.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ._util import time_once
 from .linear import dequantize_rowwise, quantize_rowwise
 
 NO_MULTICAST = {
@@ -150,19 +150,7 @@ def time_all_to_all(
     times = []
     for _ in range(iters):
         dist.barrier(group=group)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            once()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            once()
-            times.append(time.perf_counter() - t0)
+        times.append(time_once(once, dev))
     med = float(np.median(times))
     return {
         "median_s": med,

@@ -25,7 +25,7 @@ import numpy as np
 from pydantic import Field
 
 from ..validation import FrozenModel
-from .attention import AttentionCost
+from .attention import AttentionCost, TermSum
 from .hardware import HardwareSpec
 from .spec import ModelSpec, compute_class, dtype_bytes
 
@@ -282,31 +282,30 @@ class RooflineStepCost(StepCost):
         flops = tokens_per_rank * self._expert_flops[phase]
         return max(flops / self._expert_rate, self._expert_mem_s[phase])
 
-    def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
+    def _chunks_compute(
+        self, chunks: Sequence[Chunk], attn: TermSum, per_token: float
+    ) -> tuple[float, float]:
+        """(tokens, compute seconds) of chunks through one set of layers."""
         tokens = 0.0
-        attn = 0.0
-        flops = self.attn.prefill_flops
+        flops = 0.0
         for n, p in chunks:
             tokens += n
-            attn += flops.chunk(n, p)
+            flops += attn.chunk(n, p)
+        return tokens, tokens * per_token + flops / self._attn_rate
+
+    def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
+        tokens, compute = self._chunks_compute(chunks, self.attn.prefill_flops, self._p_tok)
         if tokens <= 0:
             return 0.0
-        compute = tokens * self._p_tok + attn / self._attn_rate
         memory = self._p_mem0 + tokens * self._p_mem_tok
         return max(compute, memory) + self._overhead["prefill"]
 
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
         if not self.model.replay_only_layers:
             return 0.0
-        tokens = 0.0
-        attn = 0.0
-        flops = self.attn.replay_flops
-        for n, p in chunks:
-            tokens += n
-            attn += flops.chunk(n, p)
+        tokens, compute = self._chunks_compute(chunks, self.attn.replay_flops, self._r_tok)
         if tokens <= 0:
             return 0.0
-        compute = tokens * self._r_tok + attn / self._attn_rate
         return max(compute, self._r_mem0) + self._overhead["replay"]
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:

@@ -23,21 +23,26 @@ def available(kind: str) -> list[str]:
     return sorted(p.stem for p in bundled_dir(kind).glob("*.yaml"))
 
 
-def resolve(kind: str, ref: str, base_dir: Path | None = None) -> Path:
-    """A bundled name (``gb200``) or a YAML path (relative to ``base_dir`` when given)."""
+def resolve_yaml(ref: str, folder: Path, noun: str, base_dir: Path | None = None) -> Path:
+    """``ref`` is a name of a YAML file in ``folder`` or a path to one (relative paths against
+    ``base_dir`` when given); a missing one is a ConfigError listing what ``folder`` offers."""
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         p = Path(ref)
         if not p.is_absolute() and base_dir is not None:
             p = base_dir / p
         if not p.is_file():
-            raise ConfigError("", f"no such {_NOUN[kind]} file: {p}")
+            raise ConfigError("", f"no such {noun} file: {p}")
         return p
-    p = bundled_dir(kind) / f"{ref}.yaml"
+    p = folder / f"{ref}.yaml"
     if not p.is_file():
-        raise ConfigError(
-            "", f"unknown {_NOUN[kind]} {ref!r}; bundled: {', '.join(available(kind))}"
-        )
+        names = ", ".join(sorted(q.stem for q in folder.glob("*.yaml"))) or "none"
+        raise ConfigError("", f"unknown {noun} {ref!r}; bundled: {names}")
     return p
+
+
+def resolve(kind: str, ref: str, base_dir: Path | None = None) -> Path:
+    """A bundled name (``gb200``) or a YAML path (relative to ``base_dir`` when given)."""
+    return resolve_yaml(ref, bundled_dir(kind), _NOUN[kind], base_dir)
 
 
 @lru_cache(maxsize=64)
