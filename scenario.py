@@ -62,6 +62,9 @@ class DecodePool(FrozenModel):
         0.9, gt=0, le=1, description="share of HBM left after weights that may hold KV"
     )
     activation_reserve_bytes: float = Field(8e9, ge=0, description="HBM kept for activations")
+    ideal_balance: bool = Field(
+        False, description="benchmark only: cost each step as if every rank held the mean load"
+    )
 
     @property
     def gpus(self) -> int:
@@ -106,10 +109,24 @@ class Network(FrozenModel):
     cross_dc_latency_s: float = Field(
         5e-4, ge=0, description="one-way latency between adjacent data centres"
     )
+    backup_links: bool = Field(
+        False, description="each prefill instance also has a backup P->D path (another route)"
+    )
 
     @property
     def pd_latency_s(self) -> float:
         return self.cross_dc_latency_s if self.placement == "cross_dc" else self.latency_s
+
+
+class Fault(FrozenModel):
+    """One scheduled failure. ``link_cut``: the P->D link of prefill instance ``target`` is cut
+    at ``at_s`` for ``duration_s``; its transfers stall until repair, or move to the backup
+    link when the network has one."""
+
+    kind: Literal["link_cut"]
+    at_s: float = Field(ge=0)
+    duration_s: float = Field(gt=0)
+    target: int = Field(0, ge=0)
 
 
 class ExpertImbalance(FrozenModel):
@@ -144,6 +161,49 @@ class Tiers(FrozenModel):
         return out
 
 
+class Acceptance(FrozenModel):
+    """Draft acceptance of one traffic class: easiness α ~ Beta(mean·κ, (1−mean)·κ) per request,
+    draft j accepted (given the earlier ones were) with probability α·decay^(j−1)."""
+
+    # defaults: fitted by benchmarks/dspark_fit.py (docs/decode.md)
+    mean: float = Field(0.64238, gt=0, lt=1)
+    concentration: float = Field(1.5, gt=0)
+    position_decay: float = Field(1.0, gt=0, le=1)
+
+
+class Speculative(FrozenModel):
+    """Speculative decoding: who verifies how many draft tokens per sequence-step."""
+
+    policy: Literal["dspark", "fixed", "mtp1", "none"] = "dspark"
+    max_draft_tokens: int = Field(5, ge=1, le=16, description="drafts proposed per step")
+    fixed_k: int = Field(5, ge=1, description="verify length of the fixed policy")
+    lag_steps: int = Field(
+        2, ge=0, le=8, description="dspark: truncate with confidences this many steps old"
+    )
+    confidence_noise: float = Field(
+        0.3, ge=0, description="confidence head error: σ of logit noise on the true acceptance"
+    )
+    overhead_s: float = Field(
+        4e-4, ge=0, description="dspark: confidence head and scheduling time added per step"
+    )
+    retune_steps: int = Field(
+        8, ge=1, description="dspark: re-optimize the survival cut-off every this many steps"
+    )
+    acceptance: dict[str, Acceptance] = Field(
+        default_factory=lambda: {"default": Acceptance()},
+        description="per traffic class; 'default' covers classes not listed",
+    )
+
+    @model_validator(mode="after")
+    def _default(self) -> Speculative:
+        if "default" not in self.acceptance:
+            raise ValueError("acceptance needs a 'default' entry")
+        return self
+
+    def for_class(self, name: str) -> Acceptance:
+        return self.acceptance.get(name, self.acceptance["default"])
+
+
 class Policies(FrozenModel):
     prefill_router: Literal["tiered", "least_outstanding", "round_robin", "cache_affinity"] = (
         "tiered"
@@ -152,7 +212,11 @@ class Policies(FrozenModel):
     affinity_slack_s: float = Field(
         0.5, ge=0, description="cache_affinity: extra queued work accepted to stay local"
     )
-    decode_balancer: Literal["least_requests", "round_robin"] = "least_requests"
+    decode_balancer: Literal["two_dim", "least_requests", "round_robin"] = "two_dim"
+    long_request_tokens: int = Field(
+        16384, ge=1, description="two_dim: context at which a request counts as long"
+    )
+    speculative: Speculative = Speculative()
     expert_imbalance: ExpertImbalance = ExpertImbalance()
 
 
@@ -281,6 +345,17 @@ class Scenario(FrozenModel):
     prices: Prices = Prices()
     cost_model: CostModel = CostModel()
     sim: SimSettings = SimSettings()
+    faults: tuple[Fault, ...] = ()
+
+    @model_validator(mode="after")
+    def _fault_targets(self) -> Scenario:
+        for i, f in enumerate(self.faults):
+            if f.kind == "link_cut" and f.target >= self.pools.prefill.instances:
+                raise ValueError(
+                    f"faults[{i}].target: prefill instance {f.target} does not exist "
+                    f"({self.pools.prefill.instances} instances)"
+                )
+        return self
 
     def hardware_kinds(self) -> dict[str, str]:
         p = self.pools

@@ -211,9 +211,16 @@ class StepCost(ABC):
         comm = self.a2a_s(float(batch.max()) * verify, "decode")
         return self.compose(dense_max, moe, imbalance, comm)
 
-    def decode_step_packed(self, load: np.ndarray, verify: float, imbalance: float = 1.0) -> float:
-        """decode_step with the per-rank state packed as rows ``load = [batch; kv_tokens]``."""
-        return self.decode_step(load[0], load[1], verify, imbalance)
+    def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
+        """The decode step from per-rank rows ``load = [batch; kv_tokens; tokens; kv-weighted
+        tokens]``: tokens = Σ (1 + verify) over the rank's sequences, and the last row weights
+        each computed token by its sequence's context (its attention work)."""
+        batch, kv, tokens = load[0], load[1], load[2]
+        verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
+        dense_max = float(self.decode_dense(batch, kv, verify).max())
+        moe = self.moe_s(float(tokens.sum()) / self.shape.ep, "decode")
+        comm = self.a2a_s(float(tokens.max()), "decode")
+        return self.compose(dense_max, moe, imbalance, comm)
 
 
 class RooflineStepCost(StepCost):
@@ -268,10 +275,14 @@ class RooflineStepCost(StepCost):
         self._m0 = model.dense_weight_bytes / bw
         self._m_batch = bytes_a / bw
         self._m_kv = bytes_b / bw
-        # packed form for the hot path: rows of (coef @ [batch; kv] + offset) are
-        # (compute at verify=1, memory, batch); see decode_step_packed
+        # packed form for the hot path: rows of coef @ [batch; kv; tokens; kv-weighted tokens]
+        # + offset are (compute, memory, tokens); see decode_step_packed
         self._packed_coef = np.array(
-            [[self._c_batch, self._c_kv], [self._m_batch, self._m_kv], [1.0, 0.0]]
+            [
+                [0.0, 0.0, self._c_batch, self._c_kv],
+                [self._m_batch, self._m_kv, 0.0, 0.0],
+                [0.0, 0.0, 1.0, 0.0],
+            ]
         )
         self._packed_offset = np.array([[0.0], [self._m0], [0.0]])
         self._a2a = AllToAll(model, hw, ep, None, params.comm_efficiency)
@@ -315,16 +326,13 @@ class RooflineStepCost(StepCost):
         memory = batch * self._m_batch + kv_tokens * self._m_kv
         return np.maximum(compute, memory + self._m0) + self._overhead["decode"]
 
-    def decode_step_packed(self, load: np.ndarray, verify: float, imbalance: float = 1.0) -> float:
+    def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         # Hot path (once per decode step): one matrix product gives every rank's compute and
-        # memory time and its batch; one max per row picks the slowest rank and the busiest.
-        coef = self._packed_coef
-        if verify != 1.0:
-            coef = coef * np.array([[verify], [1.0], [1.0]])
-        compute, memory, batch_max = (coef @ load + self._packed_offset).max(axis=1)
+        # memory time and its token count; one max per row picks the slowest and the busiest.
+        compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
-        moe = self.moe_s(float(load[0].sum()) * verify / self.shape.ep, "decode")
-        comm = self.a2a_s(float(batch_max) * verify, "decode")
+        moe = self.moe_s(float(load[2].sum()) / self.shape.ep, "decode")
+        comm = self.a2a_s(float(tokens_max), "decode")
         return self.compose(dense_max, moe, imbalance, comm)
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:

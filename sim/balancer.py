@@ -1,8 +1,15 @@
 """Decode balancer policies: which (decode group, rank) a prefilled request is sent to.
 
 The choice is made when prefill finishes, before the KV transfer, because the KV is sent to one
-rank's memory. Reference policies: ``round_robin`` over every rank of every group, and
-``least_requests`` (fewest requests routed to the rank and not yet finished).
+rank's memory. Policies:
+
+- ``two_dim`` (DeepSeek's): balances request count and KV length per rank at once. A request
+  holding L context tokens gets weight w = L / (L + long_tokens): a short one (w → 0) goes where
+  few requests run, preferring ranks with long caches among those; a long one (w → 1) goes where
+  the cache is small. Score per rank = (1 − w)·(c − ¼·k) + w·k with c and k the rank's routed
+  requests and routed KV tokens relative to the group mean; the lowest score wins.
+- ``least_requests``: fewest requests routed to the rank and not finished.
+- ``round_robin``: every rank of every group in turn.
 """
 
 from __future__ import annotations
@@ -45,7 +52,35 @@ class LeastRequestsBalancer:
         return best
 
 
-def make_balancer(name: str, groups: Sequence[DecodeGroup]) -> DecodeBalancer:
+class TwoDimBalancer:
+    def __init__(self, groups: Sequence[DecodeGroup], long_tokens: int) -> None:
+        self.groups = groups
+        self.long_tokens = float(long_tokens)
+
+    def choose(self, rid: int) -> tuple[int, int]:
+        t = self.groups[0].table
+        L = float(t.input_len[rid] + t.output_len[rid])
+        w = L / (L + self.long_tokens)
+        best: tuple[int, int] = (0, 0)
+        best_score = np.inf
+        for g in self.groups:
+            # (1 − w)·(c − ¼k) + w·k with c, k relative to the group means, as one linear form
+            mean_c = max(1e-9, float(g.assigned.sum()) / g.ep)
+            mean_k = max(1e-9, float(g.assigned_kv.sum()) / g.ep)
+            score = g.assigned * ((1.0 - w) / mean_c) + g.assigned_kv * (
+                (w - 0.25 * (1.0 - w)) / mean_k
+            )
+            r = int(np.argmin(score))
+            if score[r] < best_score:
+                best, best_score = (g.idx, r), float(score[r])
+        return best
+
+
+def make_balancer(
+    name: str, groups: Sequence[DecodeGroup], long_tokens: int = 16384
+) -> DecodeBalancer:
+    if name == "two_dim":
+        return TwoDimBalancer(groups, long_tokens)
     balancers: dict[str, type[RoundRobinBalancer | LeastRequestsBalancer]] = {
         "round_robin": RoundRobinBalancer,
         "least_requests": LeastRequestsBalancer,

@@ -26,6 +26,7 @@ import simpy
 
 from ..models.cost import StepCost
 from .requests import RequestTable, State
+from .speculative import SpecDecoder
 from .steploop import StepLoop
 
 _IDLE = np.iinfo(np.int64).max // 2  # tokens-left of an empty slot: never finishes
@@ -44,6 +45,8 @@ class DecodeGroup(StepLoop):
         imbalance: float,
         table: RequestTable,
         on_done: Callable[[int], None],
+        spec: SpecDecoder | None = None,
+        ideal_balance: bool = False,
     ) -> None:
         super().__init__(env)
         self.idx = idx
@@ -55,12 +58,15 @@ class DecodeGroup(StepLoop):
         self.imbalance = imbalance
         self.table = table
         self.on_done = on_done
-        # per-rank state; batch and kv are the rows of one array the cost model reads at once
-        self.load = np.zeros((2, ep), dtype=np.float64)
-        self.batch = self.load[0]  # running sequences
-        self.kv = self.load[1]  # context tokens held by running sequences
+        # per-rank state, as the rows of one array the cost model reads at once:
+        # running sequences, context tokens they hold, tokens computed this step (1 + verify
+        # per sequence) and those tokens weighted by their sequence's context (attention work)
+        self.load = np.zeros((4, ep), dtype=np.float64)
+        self.batch = self.load[0]
+        self.kv = self.load[1]
         self.reserved = np.zeros(ep, dtype=np.float64)  # KV tokens reserved by admission
         self.assigned = np.zeros(ep, dtype=np.int64)  # routed here and not finished
+        self.assigned_kv = np.zeros(ep, dtype=np.float64)  # their prompt + output tokens
         self.waiting: list[deque[int]] = [deque() for _ in range(ep)]
         self.waiting_ranks: set[int] = set()
         self.n_waiting = 0
@@ -73,6 +79,11 @@ class DecodeGroup(StepLoop):
         self.s_rank = np.zeros(cap, dtype=np.int64)
         self.s_left = np.full(cap, _IDLE, dtype=np.int64)
         self.s_k0 = np.zeros(cap, dtype=np.int64)
+        self.s_ctx = np.zeros(cap, dtype=np.int64)  # context tokens the sequence holds
+        self.spec = spec
+        self.ideal = ideal_balance  # cost every step as if each rank held the mean load
+        self.verify_sum = 0  # draft tokens verified, summed over sequence-steps
+        self.seq_steps = 0
         self.new_this_step = 0
         # one row per step
         self.step_end: list[float] = []
@@ -90,6 +101,7 @@ class DecodeGroup(StepLoop):
     def assign(self, rid: int, rank: int) -> None:
         """Reserve a place on ``rank`` for a request whose KV is about to be sent here."""
         self.assigned[rank] += 1
+        self.assigned_kv[rank] += float(self.table.input_len[rid] + self.table.output_len[rid])
         self.table.decode_group[rid] = self.idx
         self.table.decode_rank[rid] = rank
 
@@ -126,6 +138,9 @@ class DecodeGroup(StepLoop):
                 self.s_rank[i] = rank
                 self.s_left[i] = t.output_len[rid] - 1  # the first token came from prefill
                 self.s_k0[i] = k
+                self.s_ctx[i] = t.input_len[rid]
+                if self.spec is not None:
+                    self.spec.admit(i, int(t.source.traffic_class[rid]))
                 self.new_this_step += 1
                 self.batch[rank] += 1
                 self.kv[rank] += t.input_len[rid]
@@ -141,10 +156,39 @@ class DecodeGroup(StepLoop):
             self._admit()
         if self.n == 0:
             return None
-        return self.cost.decode_step_packed(self.load, 1.0, self.imbalance)
+        load = self.load
+        spec = self.spec
+        if spec is None or not spec.active:
+            load[2] = load[0]
+            load[3] = load[1]
+            return self.cost.decode_step_packed(self._costed(load), self.imbalance)
+        hw = self.hw
+        live = self.s_req[:hw] >= 0
+        v = spec.choose(hw, live, self._step_time_with)
+        tokens = np.where(live, 1 + v, 0)
+        ranks = self.s_rank[:hw]
+        load[2] = np.bincount(ranks, weights=tokens, minlength=self.ep)
+        load[3] = np.bincount(ranks, weights=tokens * self.s_ctx[:hw], minlength=self.ep)
+        self.verify_sum += int(v[live].sum())
+        return self.cost.decode_step_packed(self._costed(load), self.imbalance) + spec.overhead_s
+
+    def _costed(self, load: np.ndarray) -> np.ndarray:
+        """The per-rank rows the step is charged for: as they are, or (the offline ideal) every
+        rank at the group mean."""
+        if not self.ideal:
+            return load
+        return np.repeat(load.mean(axis=1, keepdims=True), self.ep, axis=1)
+
+    def _step_time_with(self, extra: float) -> float:
+        """Step time if ``extra`` verify tokens were spread over the sequences (for dspark)."""
+        scale = 1.0 + extra / max(1, self.n)
+        probe = self.load.copy()
+        probe[2] = probe[0] * scale
+        probe[3] = probe[1] * scale
+        return self.cost.decode_step_packed(self._costed(probe), self.imbalance)
 
     def end_step(self, dt: float) -> None:
-        """Every running sequence emitted one token; retire the finished ones."""
+        """Every running sequence emitted its tokens; retire the finished ones."""
         n = self.n
         k = self.steps
         now = self.env.now
@@ -154,10 +198,22 @@ class DecodeGroup(StepLoop):
         self.step_new.append(self.new_this_step)
         self.new_this_step = 0
         self.busy_s += dt
-        self.tokens_out += n
-        self.kv += self.batch
-        left = self.s_left[: self.hw]
-        left -= 1  # holes hold _IDLE and never reach zero
+        self.seq_steps += n
+        hw = self.hw
+        left = self.s_left[:hw]
+        spec = self.spec
+        if spec is None or not spec.active:  # plain decoding: one token each
+            self.tokens_out += n
+            self.kv += self.batch
+            self.s_ctx[:hw] += 1
+            left -= 1  # holes hold _IDLE and never reach zero
+        else:
+            live = self.s_req[:hw] >= 0
+            emitted = spec.accept(hw, live, left)
+            self.tokens_out += int(emitted.sum())
+            self.kv += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
+            self.s_ctx[:hw] += emitted
+            left -= emitted
         idx = np.flatnonzero(left <= 0)
         if idx.size == 0:
             return
@@ -169,16 +225,18 @@ class DecodeGroup(StepLoop):
         for i in idx.tolist():
             rid = int(s_req[i])
             r = int(s_rank[i])
-            context = float(t.input_len[rid] + t.output_len[rid])
             batch[r] -= 1
-            kv[r] -= context - 1  # the last token is emitted, never attended to
+            kv[r] -= float(self.s_ctx[i])
+            context = float(t.input_len[rid] + t.output_len[rid])
             reserved[r] -= context + self.seq_overhead
+            self.assigned_kv[r] -= context
             assigned[r] -= 1
             t.t_done[rid] = now
             t.decode_last_step[rid] = k
             t.state[rid] = State.DONE
             s_req[i] = -1
             self.s_left[i] = _IDLE
+            self.s_ctx[i] = 0
             finished.append(rid)
         self.n = n - len(finished)
         if self.n == 0:

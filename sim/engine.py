@@ -27,6 +27,7 @@ from ..models.hardware import HardwareSpec
 from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_hardware, load_model
 from ..models.spec import ModelSpec
+from ..rng import stream
 from ..scenario import Scenario
 from ..traces import RequestSource
 from ..traces.workload import build_source
@@ -38,6 +39,7 @@ from .prefill import PrefillInstance
 from .prefill_path import PrefillPath
 from .requests import RejectReason, RequestTable, State
 from .result import Result
+from .speculative import ClassAcceptance, SpecDecoder
 from .summary import summarize
 from .timeseries import TimeseriesSampler
 from .vision import VisionInstance, least_outstanding
@@ -104,6 +106,30 @@ def vision_seconds_per_image(sc: Scenario, hw: HardwareSpec) -> float:
     return 2 * v.encoder_params_b * 1e9 * v.tokens_per_image / (hw.flops("bf16") * v.efficiency)
 
 
+def make_spec_decoder(
+    sc: Scenario, model: ModelSpec, source: RequestSource, capacity: int, group: int
+) -> SpecDecoder:
+    """The group's speculative decoder (one seeded stream per group)."""
+    spec = sc.policies.speculative
+    draft = min(spec.max_draft_tokens, model.draft.max_draft_tokens or spec.max_draft_tokens)
+    classes = [
+        ClassAcceptance(a.mean, a.concentration, a.position_decay)
+        for a in (spec.for_class(name) for name in source.class_names)
+    ]
+    return SpecDecoder(
+        spec.policy,
+        draft,
+        spec.fixed_k,
+        spec.lag_steps,
+        spec.confidence_noise,
+        spec.overhead_s,
+        spec.retune_steps,
+        classes,
+        capacity,
+        stream(sc.seed, f"speculative/{group}"),
+    )
+
+
 @dataclass
 class Cluster:
     """Everything one run builds; handed to the sampler, the summary and the invariant checks."""
@@ -122,6 +148,7 @@ class Cluster:
     ended: int = 0
     all_ended: simpy.Event | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    backup_links: list[Link] = field(default_factory=list)
     path: PrefillPath | None = None
 
     def count_end(self) -> None:
@@ -163,13 +190,24 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
                 imb.decode,
                 table,
                 on_decode_done,
+                make_spec_decoder(
+                    sc, model, source, pools.decode.ep * pools.decode.max_seqs_per_rank, g
+                ),
+                pools.decode.ideal_balance,
             )
         )
-    balancer = make_balancer(sc.policies.decode_balancer, cl.decode)
+    balancer = make_balancer(
+        sc.policies.decode_balancer, cl.decode, sc.policies.long_request_tokens
+    )
 
     link_bw = sc.network.pd_gbps_per_8_gpus * 1e9 / 8 * pools.prefill.ep / 8
     for i in range(pools.prefill.instances):
         cl.links.append(Link(env, f"pd{i}", link_bw, sc.network.pd_latency_s))
+    backups = [
+        Link(env, f"pd{i}b", link_bw, sc.network.pd_latency_s)
+        for i in range(pools.prefill.instances if sc.network.backup_links else 0)
+    ]
+    cl.backup_links = backups
 
     def on_transfer_done(flow: int) -> None:
         rid = flow // 2  # egress flows: 2·rid = P->D transfer, 2·rid + 1 = store write
@@ -188,7 +226,10 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         nbytes = kv_per_token * float(table.input_len[rid]) + slot_bytes
         table.transfer_bytes[rid] = nbytes
         table.state[rid] = State.TRANSFER
-        cl.links[inst].send(2 * rid, nbytes, on_transfer_done)
+        link = cl.links[inst]
+        if not link.up and backups:
+            link = backups[inst]
+        link.send(2 * rid, nbytes, on_transfer_done)
 
     prefill_cost = make_step_cost(
         sc,
@@ -249,7 +290,25 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
             admit(rid)
 
     env.process(arrivals())
+    for fault in sc.faults:
+        env.process(link_cut(cl, fault.target, fault.at_s, fault.duration_s))
     return cl
+
+
+def link_cut(cl: Cluster, target: int, at_s: float, duration_s: float):
+    """Cut instance ``target``'s P->D link for a while; with a backup path its flows move there."""
+    env = cl.env
+    yield env.timeout(at_s)
+    link = cl.links[target]
+    link.cut()
+    cl.counters["link_cuts"] = cl.counters.get("link_cuts", 0) + 1
+    if cl.backup_links:
+        backup = cl.backup_links[target]
+        for fid, left, cb in link.drain():
+            backup.send(fid, left, cb)
+            cl.counters["rerouted_transfers"] = cl.counters.get("rerouted_transfers", 0) + 1
+    yield env.timeout(duration_s)
+    link.repair()
 
 
 def check_invariants(cl: Cluster) -> None:
@@ -280,7 +339,8 @@ def check_invariants(cl: Cluster) -> None:
     if cl.path is not None:
         errs.extend(cl.path.check())
     in_transfer = int(states[State.TRANSFER])
-    transfers = sum(1 for link in cl.links for fid in link.callbacks if fid % 2 == 0)
+    links = [*cl.links, *cl.backup_links]
+    transfers = sum(1 for link in links for fid in link.callbacks if fid % 2 == 0)
     if transfers != in_transfer:
         errs.append(f"{transfers} P->D flows on the links but {in_transfer} requests in TRANSFER")
     if errs:

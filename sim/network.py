@@ -117,6 +117,16 @@ class Link:
         self.up = False
         self._reschedule()
 
+    def drain(self) -> list[tuple[int, float, Callable[[int], None]]]:
+        """Remove every flow: (flow id, bytes left, callback), to re-send them elsewhere."""
+        self._advance()
+        out = [
+            (fid, max(0.0, tag - self._virtual), self.callbacks.pop(fid)) for tag, fid in self._heap
+        ]
+        self._heap.clear()
+        self._reschedule()
+        return out
+
     def repair(self) -> None:
         self._advance()
         self.up = True

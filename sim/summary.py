@@ -129,8 +129,10 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
     tpot_full[has_dec] = tpot
     good &= tpot_full <= sc.slo.tpot_s
     n_good = int(good.sum())
-    seq_steps = sum(g.tokens_out for g in cl.decode)
+    seq_steps = sum(g.seq_steps for g in cl.decode)
     steps = sum(g.steps for g in cl.decode)
+    verified = sum(g.verify_sum for g in cl.decode)
+    emitted = sum(g.tokens_out for g in cl.decode)
     ranks = pools.decode.groups * pools.decode.ep
     return {
         "scenario": sc.name,
@@ -176,13 +178,20 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
         "decode": {
             "steps": steps,
             "mean_batch_per_rank": seq_steps / (steps * pools.decode.ep) if steps else 0.0,
+            "balancer": sc.policies.decode_balancer,
+            "speculative": sc.policies.speculative.policy,
+            "verify_tokens_per_seq_step": verified / seq_steps if seq_steps else 0.0,
+            "accepted_tokens_per_seq_step": emitted / seq_steps if seq_steps else 0.0,
             "tokens_per_s_per_rank": out_s / ranks,
+            "preemptions": 0,
             "kv_capacity_tokens_per_rank": cl.kv_capacity_tokens,
         },
         "transfer": {
             "bytes": float(t.transfer_bytes.sum()),
             "mean_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["mean"],
             "p99_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["p99"],
+            "link_cuts": cl.counters.get("link_cuts", 0),
+            "rerouted": cl.counters.get("rerouted_transfers", 0),
         },
         "prefill": _prefill(cl),
         "cache": _cache(cl),

@@ -549,5 +549,5 @@ def test_packed_decode_step_equals_the_plain_one(verify: float) -> None:
     rng = np.random.default_rng(3)
     b = rng.integers(0, 80, 64).astype(float)
     kv = b * rng.uniform(500, 40_000, 64)
-    packed = c.decode_step_packed(np.vstack([b, kv]), verify, 1.09)
+    packed = c.decode_step_packed(np.vstack([b, kv, b * verify, kv * verify]), 1.09)
     assert packed == pytest.approx(c.decode_step(b, kv, verify, 1.09), rel=1e-12)
