@@ -65,6 +65,12 @@ class DecodePool(FrozenModel):
     ideal_balance: bool = Field(
         False, description="benchmark only: cost each step as if every rank held the mean load"
     )
+    kv_policy: Literal["reserve", "preempt"] = Field(
+        "reserve",
+        description="reserve: admit only when the whole context fits (requests wait, nothing is "
+        "preempted); preempt: admit on the current context, grow, and when a rank runs out drop "
+        "its newest sequences, which recompute their KV when readmitted",
+    )
 
     @property
     def gpus(self) -> int:

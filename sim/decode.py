@@ -47,6 +47,7 @@ class DecodeGroup(StepLoop):
         on_done: Callable[[int], None],
         spec: SpecDecoder | None = None,
         ideal_balance: bool = False,
+        preempt: bool = False,
     ) -> None:
         super().__init__(env)
         self.idx = idx
@@ -82,6 +83,10 @@ class DecodeGroup(StepLoop):
         self.s_ctx = np.zeros(cap, dtype=np.int64)  # context tokens the sequence holds
         self.spec = spec
         self.ideal = ideal_balance  # cost every step as if each rank held the mean load
+        self.preempt = preempt  # KV policy: grow and preempt, or reserve whole contexts
+        self.recompute: list[list[tuple[int, int]]] = [[] for _ in range(ep)]
+        self.preemptions = 0
+        self.recompute_s = 0.0
         self.verify_sum = 0  # draft tokens verified, summed over sequence-steps
         self.seq_steps = 0
         self.new_this_step = 0
@@ -123,7 +128,13 @@ class DecodeGroup(StepLoop):
             q = self.waiting[rank]
             while q and self.batch[rank] < self.max_seqs:
                 rid = q[0]
-                need = float(t.input_len[rid] + t.output_len[rid]) + self.seq_overhead
+                resumed = t.preemptions[rid] > 0  # its KV was dropped by a preemption
+                done = int(t.decode_generated[rid])
+                ctx = int(t.input_len[rid]) + done
+                if self.preempt:  # hold only what the sequence has now; grow as it decodes
+                    need = ctx + self.seq_overhead
+                else:  # reserve the whole context up front: never preempted
+                    need = float(t.input_len[rid] + t.output_len[rid]) + self.seq_overhead
                 if self.reserved[rank] + need > self.kv_capacity:
                     break
                 q.popleft()
@@ -136,26 +147,39 @@ class DecodeGroup(StepLoop):
                 self.n += 1
                 self.s_req[i] = rid
                 self.s_rank[i] = rank
-                self.s_left[i] = t.output_len[rid] - 1  # the first token came from prefill
+                self.s_left[i] = t.output_len[rid] - 1 - done  # token 1 came from prefill
                 self.s_k0[i] = k
-                self.s_ctx[i] = t.input_len[rid]
+                self.s_ctx[i] = ctx
+                if resumed:  # recompute its KV in this step, on this rank
+                    self.recompute[rank].append((ctx, 0))
                 if self.spec is not None:
                     self.spec.admit(i, int(t.source.traffic_class[rid]))
                 self.new_this_step += 1
                 self.batch[rank] += 1
-                self.kv[rank] += t.input_len[rid]
+                self.kv[rank] += ctx
                 self.reserved[rank] += need
                 t.state[rid] = State.DECODE
-                t.t_decode_start[rid] = now
-                t.decode_first_step[rid] = k
+                if not resumed:
+                    t.t_decode_start[rid] = now
+                    t.decode_first_step[rid] = k
             if not q:
                 self.waiting_ranks.discard(rank)
 
     def begin_step(self) -> float | None:
+        extra = 0.0
         if self.n_waiting:
             self._admit()
+            if any(self.recompute):
+                # resumed sequences rebuild their KV first: a prefill of their context, in step
+                extra = self.cost.prefill_step(self.recompute, self.imbalance)
+                self.recompute_s += extra
+                for r in self.recompute:
+                    r.clear()
         if self.n == 0:
             return None
+        return extra + self._decode_step_time()
+
+    def _decode_step_time(self) -> float:
         load = self.load
         spec = self.spec
         if spec is None or not spec.active:
@@ -207,6 +231,8 @@ class DecodeGroup(StepLoop):
             self.kv += self.batch
             self.s_ctx[:hw] += 1
             left -= 1  # holes hold _IDLE and never reach zero
+            if self.preempt:
+                self.reserved += self.batch
         else:
             live = self.s_req[:hw] >= 0
             emitted = spec.accept(hw, live, left)
@@ -214,9 +240,43 @@ class DecodeGroup(StepLoop):
             self.kv += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
             self.s_ctx[:hw] += emitted
             left -= emitted
+            if self.preempt:
+                self.reserved += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
         idx = np.flatnonzero(left <= 0)
-        if idx.size == 0:
-            return
+        if idx.size:
+            self._retire(idx, now, k)
+        if self.preempt and (self.reserved > self.kv_capacity).any():
+            self._preempt_over_capacity()
+
+    def _preempt_over_capacity(self) -> None:
+        """Ranks whose grown KV no longer fits drop their most recently admitted sequences
+        (their KV is freed; they wait at the head of the rank's queue and recompute on return)."""
+        t = self.table
+        for rank in np.flatnonzero(self.reserved > self.kv_capacity).tolist():
+            slots = np.flatnonzero((self.s_rank[: self.hw] == rank) & (self.s_req[: self.hw] >= 0))
+            for i in slots[np.argsort(-self.s_k0[slots], kind="stable")].tolist():
+                if self.reserved[rank] <= self.kv_capacity:
+                    break
+                rid = int(self.s_req[i])
+                ctx = float(self.s_ctx[i])
+                t.decode_generated[rid] = int(t.output_len[rid]) - 1 - int(self.s_left[i])
+                t.preemptions[rid] += 1
+                self.preemptions += 1
+                self.batch[rank] -= 1
+                self.kv[rank] -= ctx
+                self.reserved[rank] -= ctx + self.seq_overhead
+                self.s_req[i] = -1
+                self.s_left[i] = _IDLE
+                self.s_ctx[i] = 0
+                self.free.append(i)
+                self.n -= 1
+                self.waiting[rank].appendleft(rid)
+                self.waiting_ranks.add(rank)
+                self.n_waiting += 1
+                t.state[rid] = State.DECODE_WAIT
+
+    def _retire(self, idx: np.ndarray, now: float, k: int) -> None:
+        n = self.n
         # Few sequences finish per step: scalar bookkeeping beats a dozen small numpy calls.
         t = self.table
         s_req, s_rank = self.s_req, self.s_rank
@@ -228,7 +288,8 @@ class DecodeGroup(StepLoop):
             batch[r] -= 1
             kv[r] -= float(self.s_ctx[i])
             context = float(t.input_len[rid] + t.output_len[rid])
-            reserved[r] -= context + self.seq_overhead
+            held = float(self.s_ctx[i]) if self.preempt else context
+            reserved[r] -= held + self.seq_overhead
             self.assigned_kv[r] -= context
             assigned[r] -= 1
             t.t_done[rid] = now

@@ -194,6 +194,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
                     sc, model, source, pools.decode.ep * pools.decode.max_seqs_per_rank, g
                 ),
                 pools.decode.ideal_balance,
+                pools.decode.kv_policy == "preempt",
             )
         )
     balancer = make_balancer(

@@ -73,6 +73,7 @@ def _group(
         lambda rid: None,
         spec,
         ideal or pool.ideal_balance,
+        pool.kv_policy == "preempt",
     )
     return env, group
 

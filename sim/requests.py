@@ -55,6 +55,8 @@ class RequestTable:
         self.t_done = nan()
         self.decode_first_step = np.full(n, -1, dtype=np.int64)  # index in its group's steps
         self.decode_last_step = np.full(n, -1, dtype=np.int64)
+        self.decode_generated = np.zeros(n, dtype=np.int64)  # tokens decoded before a preemption
+        self.preemptions = np.zeros(n, dtype=np.int32)
         self.prefill_instance = neg()
         self.decode_group = neg()
         self.decode_rank = neg()
@@ -113,6 +115,7 @@ class RequestTable:
                 "transfer_s": self.t_transfer_end - self.t_prefill_end,
                 "queue_decode_s": self.t_decode_start - self.t_transfer_end,
                 "transfer_bytes": self.transfer_bytes,
+                "preemptions": self.preemptions,
                 "prefix_hit_tokens": self.hit_tokens,
                 "tier": self.tier,
                 "swa": pd.Categorical.from_codes(

@@ -183,7 +183,9 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
             "verify_tokens_per_seq_step": verified / seq_steps if seq_steps else 0.0,
             "accepted_tokens_per_seq_step": emitted / seq_steps if seq_steps else 0.0,
             "tokens_per_s_per_rank": out_s / ranks,
-            "preemptions": 0,
+            "kv_policy": pools.decode.kv_policy,
+            "preemptions": sum(g.preemptions for g in cl.decode),
+            "recompute_s": sum(g.recompute_s for g in cl.decode),
             "kv_capacity_tokens_per_rank": cl.kv_capacity_tokens,
         },
         "transfer": {

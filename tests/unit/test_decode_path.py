@@ -159,3 +159,44 @@ def test_link_cut_delays_transfers_until_repair_or_reroutes(tiny, synthetic):
     rerouted = simulate(tiny(**base, faults=fault, **{"network.backup_links": True}), source=src)
     assert rerouted.summary["transfer"]["rerouted"] == 1
     assert rerouted.requests.iloc[0]["transfer_s"] == pytest.approx(calm["transfer_s"], rel=1e-3)
+
+
+def test_preemption_frees_kv_counts_and_loses_nothing(tiny, synthetic):
+    """Under ``kv_policy: preempt`` a rank admits on the current context and grows; when the KV
+    runs out, its newest sequences are dropped, counted, and recompute when readmitted — every
+    request still completes, with exactly its output tokens, and KV never exceeds capacity."""
+    sc, src = decode_only(
+        tiny,
+        synthetic,
+        [4000, 4000, 4000],
+        [400, 400, 400],
+        **{"pools.decode.kv_policy": "preempt"},
+    )
+    cl = build_cluster(sc, src)
+    g = cl.decode[0]
+    g.assigned[1:] = 10**6  # route all three to rank 0
+    # room for the three prompts and about half of their outputs
+    g.kv_capacity = 3 * (4000 + g.seq_overhead) + 600
+    peak = []
+    end_step = g.end_step
+
+    def watched(dt: float) -> None:
+        end_step(dt)
+        peak.append(float(g.reserved.max()))
+
+    g.end_step = watched  # type: ignore[method-assign]
+    cl.env.run(until=600.0)
+    t = cl.table
+    assert np.isfinite(t.t_done).all()
+    assert g.preemptions > 0 and int(t.preemptions.sum()) == g.preemptions
+    assert g.recompute_s > 0
+    assert max(peak) <= g.kv_capacity + 1e-6
+    assert g.tokens_out == int((t.output_len - 1).sum())  # no token lost or duplicated
+    g.assigned[1:] = 0
+    assert g.check() == []
+
+
+def test_reserve_policy_never_preempts(tiny, synthetic):
+    sc, src = decode_only(tiny, synthetic, [4000] * 3, [400] * 3)
+    res = simulate(sc, source=src)
+    assert res.summary["decode"]["preemptions"] == 0
