@@ -184,7 +184,7 @@ def test_preemption_frees_kv_counts_and_loses_nothing(tiny, synthetic):
         end_step(dt)
         peak.append(float(g.reserved.max()))
 
-    g.end_step = watched  # type: ignore[method-assign]
+    g.end_step = watched
     cl.env.run(until=600.0)
     t = cl.table
     assert np.isfinite(t.t_done).all()
