@@ -125,14 +125,19 @@ class Network(FrozenModel):
 
 
 class Fault(FrozenModel):
-    """One scheduled failure. ``link_cut``: the P->D link of prefill instance ``target`` is cut
-    at ``at_s`` for ``duration_s``; its transfers stall until repair, or move to the backup
-    link when the network has one."""
+    """One scheduled failure at ``at_s`` lasting ``duration_s``.
 
-    kind: Literal["link_cut"]
+    ``link_cut``: the P->D link of prefill instance ``target`` is cut; its transfers stall until
+    repair, or move to the backup link when the network has one. ``rank_fail``: rank ``rank``
+    of decode group ``target`` fails; its running and queued requests are re-routed by the
+    decode balancer to live ranks, keep the tokens they have produced, and recompute their KV
+    where they land."""
+
+    kind: Literal["link_cut", "rank_fail"]
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
     target: int = Field(0, ge=0)
+    rank: int = Field(0, ge=0)
 
 
 class ExpertImbalance(FrozenModel):
@@ -360,6 +365,13 @@ class Scenario(FrozenModel):
                 raise ValueError(
                     f"faults[{i}].target: prefill instance {f.target} does not exist "
                     f"({self.pools.prefill.instances} instances)"
+                )
+            if f.kind == "rank_fail" and (
+                f.target >= self.pools.decode.groups or f.rank >= self.pools.decode.ep
+            ):
+                raise ValueError(
+                    f"faults[{i}]: decode group {f.target} rank {f.rank} does not exist "
+                    f"({self.pools.decode.groups} groups of {self.pools.decode.ep} ranks)"
                 )
         return self
 

@@ -28,13 +28,17 @@ class DecodeBalancer(Protocol):
 
 class RoundRobinBalancer:
     def __init__(self, groups: Sequence[DecodeGroup]) -> None:
+        self.groups = groups
         self.slots = [(g.idx, r) for g in groups for r in range(g.ep)]
         self.next = 0
 
     def choose(self, rid: int) -> tuple[int, int]:
-        choice = self.slots[self.next]
-        self.next = (self.next + 1) % len(self.slots)
-        return choice
+        for _ in range(len(self.slots)):  # skip ranks that are down
+            choice = self.slots[self.next]
+            self.next = (self.next + 1) % len(self.slots)
+            if not self.groups[choice[0]].down[choice[1]]:
+                return choice
+        raise RuntimeError("every decode rank is down")
 
 
 class LeastRequestsBalancer:
@@ -45,8 +49,9 @@ class LeastRequestsBalancer:
         best: tuple[int, int] = (0, 0)
         best_load = None
         for g in self.groups:
-            r = int(np.argmin(g.assigned))
-            load = int(g.assigned[r])
+            loads = g.assigned + g.penalty  # a rank that is down costs infinity
+            r = int(np.argmin(loads))
+            load = float(loads[r])
             if best_load is None or load < best_load:
                 best, best_load = (g.idx, r), load
         return best
@@ -67,8 +72,10 @@ class TwoDimBalancer:
             # (1 − w)·(c − ¼k) + w·k with c, k relative to the group means, as one linear form
             mean_c = max(1e-9, float(g.assigned.sum()) / g.ep)
             mean_k = max(1e-9, float(g.assigned_kv.sum()) / g.ep)
-            score = g.assigned * ((1.0 - w) / mean_c) + g.assigned_kv * (
-                (w - 0.25 * (1.0 - w)) / mean_k
+            score = (
+                g.assigned * ((1.0 - w) / mean_c)
+                + g.assigned_kv * ((w - 0.25 * (1.0 - w)) / mean_k)
+                + g.penalty
             )
             r = int(np.argmin(score))
             if score[r] < best_score:

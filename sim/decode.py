@@ -87,6 +87,10 @@ class DecodeGroup(StepLoop):
         self.recompute: list[list[tuple[int, int]]] = [[] for _ in range(ep)]
         self.preemptions = 0
         self.recompute_s = 0.0
+        self.down = np.zeros(ep, dtype=bool)  # ranks failed and not yet repaired
+        self.penalty = np.zeros(ep)  # 0, or inf for a rank that is down (balancers add it)
+        self.on_evict: Callable[[int], None] | None = None  # re-route a request off a dead rank
+        self.rank_failures = 0
         self.verify_sum = 0  # draft tokens verified, summed over sequence-steps
         self.seq_steps = 0
         self.new_this_step = 0
@@ -113,6 +117,11 @@ class DecodeGroup(StepLoop):
     def arrive(self, rid: int) -> None:
         """The request's KV has landed on its rank: queue it for a slot."""
         rank = int(self.table.decode_rank[rid])
+        if self.down[rank] and self.on_evict is not None:  # it landed on a dead rank
+            self._unassign(rid, rank)
+            self.table.kv_lost[rid] = True
+            self.on_evict(rid)
+            return
         self.waiting[rank].append(rid)
         self.waiting_ranks.add(rank)
         self.n_waiting += 1
@@ -128,7 +137,7 @@ class DecodeGroup(StepLoop):
             q = self.waiting[rank]
             while q and self.batch[rank] < self.max_seqs:
                 rid = q[0]
-                resumed = t.preemptions[rid] > 0  # its KV was dropped by a preemption
+                resumed = bool(t.kv_lost[rid])  # its KV was dropped (preemption, failure)
                 done = int(t.decode_generated[rid])
                 ctx = int(t.input_len[rid]) + done
                 if self.preempt:  # hold only what the sequence has now; grow as it decodes
@@ -152,6 +161,7 @@ class DecodeGroup(StepLoop):
                 self.s_ctx[i] = ctx
                 if resumed:  # recompute its KV in this step, on this rank
                     self.recompute[rank].append((ctx, 0))
+                    t.kv_lost[rid] = False
                 if self.spec is not None:
                     self.spec.admit(i, int(t.source.traffic_class[rid]))
                 self.new_this_step += 1
@@ -257,23 +267,62 @@ class DecodeGroup(StepLoop):
             for i in slots[np.argsort(-self.s_k0[slots], kind="stable")].tolist():
                 if self.reserved[rank] <= self.kv_capacity:
                     break
-                rid = int(self.s_req[i])
-                ctx = float(self.s_ctx[i])
-                t.decode_generated[rid] = int(t.output_len[rid]) - 1 - int(self.s_left[i])
+                rid = self._evict_slot(i)
                 t.preemptions[rid] += 1
                 self.preemptions += 1
-                self.batch[rank] -= 1
-                self.kv[rank] -= ctx
-                self.reserved[rank] -= ctx + self.seq_overhead
-                self.s_req[i] = -1
-                self.s_left[i] = _IDLE
-                self.s_ctx[i] = 0
-                self.free.append(i)
-                self.n -= 1
                 self.waiting[rank].appendleft(rid)
                 self.waiting_ranks.add(rank)
                 self.n_waiting += 1
                 t.state[rid] = State.DECODE_WAIT
+
+    def _evict_slot(self, i: int) -> int:
+        """Take a running sequence out of slot ``i``, keeping its progress; its KV is gone."""
+        t = self.table
+        rid = int(self.s_req[i])
+        rank = int(self.s_rank[i])
+        ctx = float(self.s_ctx[i])
+        t.decode_generated[rid] = int(t.output_len[rid]) - 1 - int(self.s_left[i])
+        t.kv_lost[rid] = True
+        held = ctx if self.preempt else float(t.input_len[rid] + t.output_len[rid])
+        self.batch[rank] -= 1
+        self.kv[rank] -= ctx
+        self.reserved[rank] -= held + self.seq_overhead
+        self.s_req[i] = -1
+        self.s_left[i] = _IDLE
+        self.s_ctx[i] = 0
+        self.free.append(i)
+        self.n -= 1
+        t.state[rid] = State.DECODE_WAIT
+        return rid
+
+    def _unassign(self, rid: int, rank: int) -> None:
+        t = self.table
+        self.assigned[rank] -= 1
+        self.assigned_kv[rank] -= float(t.input_len[rid] + t.output_len[rid])
+
+    def fail_rank(self, rank: int) -> list[int]:
+        """The rank dies: its running and queued requests leave it (progress kept, KV lost) and
+        are returned for re-routing; nothing is routed to it until ``repair_rank``."""
+        self.down[rank] = True
+        self.penalty[rank] = np.inf
+        self.rank_failures += 1
+        evicted = []
+        slots = np.flatnonzero((self.s_rank[: self.hw] == rank) & (self.s_req[: self.hw] >= 0))
+        for i in slots.tolist():
+            evicted.append(self._evict_slot(i))
+        while self.waiting[rank]:
+            rid = self.waiting[rank].popleft()
+            self.n_waiting -= 1
+            self.table.kv_lost[rid] = True
+            evicted.append(rid)
+        self.waiting_ranks.discard(rank)
+        for rid in evicted:
+            self._unassign(rid, rank)
+        return evicted
+
+    def repair_rank(self, rank: int) -> None:
+        self.down[rank] = False
+        self.penalty[rank] = 0.0
 
     def _retire(self, idx: np.ndarray, now: float, k: int) -> None:
         n = self.n

@@ -291,9 +291,35 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
             admit(rid)
 
     env.process(arrivals())
+
+    def reroute(rid: int) -> None:
+        """A request that lost its decode rank goes to a live one (KV recomputed there)."""
+        table.failures[rid] += 1
+        cl.counters["requeued"] = cl.counters.get("requeued", 0) + 1
+        g, r = balancer.choose(rid)
+        cl.decode[g].assign(rid, r)
+        cl.decode[g].arrive(rid)
+
+    for group in cl.decode:
+        group.on_evict = reroute
     for fault in sc.faults:
-        env.process(link_cut(cl, fault.target, fault.at_s, fault.duration_s))
+        if fault.kind == "link_cut":
+            env.process(link_cut(cl, fault.target, fault.at_s, fault.duration_s))
+        else:
+            env.process(rank_fail(cl, fault.target, fault.rank, fault.at_s, fault.duration_s))
     return cl
+
+
+def rank_fail(cl: Cluster, group: int, rank: int, at_s: float, duration_s: float):  # type: ignore[no-untyped-def]
+    """A decode rank fails for a while; its requests are re-routed, none is lost."""
+    yield cl.env.timeout(at_s)
+    g = cl.decode[group]
+    evicted = g.fail_rank(rank)
+    assert g.on_evict is not None
+    for rid in evicted:
+        g.on_evict(rid)
+    yield cl.env.timeout(duration_s)
+    g.repair_rank(rank)
 
 
 def link_cut(cl: Cluster, target: int, at_s: float, duration_s: float):

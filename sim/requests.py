@@ -57,6 +57,8 @@ class RequestTable:
         self.decode_last_step = np.full(n, -1, dtype=np.int64)
         self.decode_generated = np.zeros(n, dtype=np.int64)  # tokens decoded before a preemption
         self.preemptions = np.zeros(n, dtype=np.int32)
+        self.kv_lost = np.zeros(n, dtype=bool)  # must recompute its KV when next admitted
+        self.failures = np.zeros(n, dtype=np.int32)  # times moved off a failed decode rank
         self.prefill_instance = neg()
         self.decode_group = neg()
         self.decode_rank = neg()
@@ -116,6 +118,7 @@ class RequestTable:
                 "queue_decode_s": self.t_decode_start - self.t_transfer_end,
                 "transfer_bytes": self.transfer_bytes,
                 "preemptions": self.preemptions,
+                "rank_failures": self.failures,
                 "prefix_hit_tokens": self.hit_tokens,
                 "tier": self.tier,
                 "swa": pd.Categorical.from_codes(

@@ -186,6 +186,8 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
             "kv_policy": pools.decode.kv_policy,
             "preemptions": sum(g.preemptions for g in cl.decode),
             "recompute_s": sum(g.recompute_s for g in cl.decode),
+            "rank_failures": sum(g.rank_failures for g in cl.decode),
+            "requeued_after_failure": cl.counters.get("requeued", 0),
             "kv_capacity_tokens_per_rank": cl.kv_capacity_tokens,
         },
         "transfer": {

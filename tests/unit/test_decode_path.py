@@ -200,3 +200,35 @@ def test_reserve_policy_never_preempts(tiny, synthetic):
     sc, src = decode_only(tiny, synthetic, [4000] * 3, [400] * 3)
     res = simulate(sc, source=src)
     assert res.summary["decode"]["preemptions"] == 0
+
+
+def test_a_failed_rank_sends_its_requests_elsewhere_and_loses_none(tiny, synthetic):
+    """Rank 0 of the decode group fails mid-run: its requests move to live ranks (counted),
+    recompute their KV there, keep the tokens they had, and all complete; while it is down no
+    request is routed to it."""
+    n = 40
+    src = synthetic(np.linspace(0, 2, n), 3000, 300)
+    sc = tiny(
+        **{
+            "cache.prefix.enabled": False,
+            "faults": [
+                {"kind": "rank_fail", "at_s": 4.0, "duration_s": 30.0, "target": 0, "rank": 0}
+            ],
+        }
+    )
+    res = simulate(sc, source=src)
+    d = res.summary["decode"]
+    assert res.summary["requests"]["completed"] == n
+    assert d["rank_failures"] == 1 and d["requeued_after_failure"] > 0
+    assert d["recompute_s"] > 0
+    frame = res.requests
+    moved = frame["rank_failures"] > 0
+    assert moved.sum() == d["requeued_after_failure"]
+    assert (frame.loc[moved, "decode_rank"] != 0).all()  # finished on a live rank
+
+
+def test_rank_fault_targets_are_validated(tiny):
+    from deepinfer_sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="rank 99 does not exist"):
+        tiny(faults=[{"kind": "rank_fail", "at_s": 1, "duration_s": 1, "target": 0, "rank": 99}])
