@@ -310,7 +310,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     return cl
 
 
-def rank_fail(cl: Cluster, group: int, rank: int, at_s: float, duration_s: float):  # type: ignore[no-untyped-def]
+def rank_fail(cl: Cluster, group: int, rank: int, at_s: float, duration_s: float):
     """A decode rank fails for a while; its requests are re-routed, none is lost."""
     yield cl.env.timeout(at_s)
     g = cl.decode[group]
