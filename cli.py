@@ -175,6 +175,103 @@ def show(config: str, overrides: tuple[str, ...]) -> None:
 
 
 @main.command()
+@click.argument("config", default="default")
+@click.option(
+    "--pool", type=click.Choice(["prefill", "decode"]), default="decode", show_default=True
+)
+@click.option("--ep", type=click.IntRange(1, 1024), help="EP width (default: the pool's).")
+@click.option(
+    "--redundant", type=click.IntRange(0, 64), help="Redundant experts per GPU (default: pool's)."
+)
+@click.option(
+    "--requests-per-rank",
+    type=click.IntRange(1),
+    help="Requests per rank per step (default: prefill 4 prompts, decode 60 sequences).",
+)
+@click.option(
+    "--tokens-per-request",
+    type=click.FloatRange(min=1.0),
+    help="Routed tokens per request per step (default: prefill 8,192; decode: what the "
+    "scenario's speculative policy verifies at this concurrency, measured offline).",
+)
+@click.option("--steps", type=click.IntRange(1), help="Steps (default: 3 re-assignment periods).")
+@click.option("--step-s", type=click.FloatRange(min=0, min_open=True), help="Seconds per step.")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the result.")
+@_overrides
+def eplb(
+    config: str,
+    pool: str,
+    ep: int | None,
+    redundant: int | None,
+    requests_per_rank: int | None,
+    tokens_per_request: float | None,
+    steps: int | None,
+    step_s: float | None,
+    json_file: str | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Expert imbalance of one EP group at a steady operating point: EPLB beside static.
+
+    Uses CONFIG's expert-load model and the pool's EPLB window and period (change them with
+    --set policies.eplb.decode.period_steps=... etc.); no cluster run.
+    """
+    from .scenario import load_scenario
+    from .sim.eplb_analysis import benchmark_point
+    from .sim.offline import steady_throughput
+
+    sc = load_scenario(config, list(overrides))
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    ep = ep or cfg.ep
+    redundant = cfg.redundant_experts_per_gpu if redundant is None else redundant
+    requests = requests_per_rank or (4 if pool == "prefill" else 60)
+    if tokens_per_request is None:
+        if pool == "prefill":
+            tokens_per_request = 8192.0
+        else:
+            at = load_scenario(config, [*overrides, f"pools.decode.ep={ep}"])
+            run = steady_throughput(at, requests, steps=200, warmup=20)
+            tokens_per_request = 1.0 + run.verify_tokens_per_seq_step
+    res = benchmark_point(
+        sc,
+        pool,
+        ep,
+        redundant,
+        requests,
+        tokens_per_request,
+        steps,
+        step_s,  # type: ignore[arg-type]
+    )
+    _print_eplb(res)
+    if json_file:
+        Path(json_file).write_text(json.dumps(res, indent=1) + "\n")
+
+
+def _print_eplb(res: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(
+        title=f"{res['pool']} EP{res['ep']}, {res['redundant_experts_per_gpu']} redundant/GPU, "
+        f"EPLB window {res['eplb']['window_steps']} / period {res['eplb']['period_steps']} steps"
+        f"\n{res['requests_per_rank']} requests × {res['tokens_per_request']:,.4g} tokens per "
+        f"rank per step, {res['step_s'] * 1e3:,.1f} ms steps",
+        header_style="bold",
+    )
+    for col in ("placement", "mean", "p50", "p99", "rebalances", "moved GB", "stall s"):
+        t.add_column(col, justify="left" if col == "placement" else "right")
+    for key in ("eplb", "static"):
+        r = res[key]
+        imb = r["imbalance"]
+        t.add_row(
+            key,
+            *(f"{imb[c]:.4f}" for c in ("mean", "p50", "p99")),
+            str(r["rebalances"]),
+            f"{r['moved_bytes'] / 1e9:,.1f}",
+            f"{r['stall_s']:.3f}",
+        )
+    _console().print(t)
+
+
+@main.command()
 @click.option("--device", default="cuda", show_default=True, help="torch device to measure on.")
 @click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False))
 @click.option("--quick", is_flag=True, help="Smaller grids (a few minutes on an H200).")

@@ -141,10 +141,72 @@ class Fault(FrozenModel):
 
 
 class ExpertImbalance(FrozenModel):
-    """Constant slowest-rank/mean expert load, used until a live EPLB model replaces it."""
+    """Constant slowest-rank/mean expert load: the step factor when ``eplb.imbalance`` is
+    ``constant``, and always what the prefill chunk scheduler plans with."""
 
     prefill: float = Field(1.074, ge=1)
     decode: float = Field(1.090, ge=1)
+
+
+class ExpertLoad(FrozenModel):
+    """The one expert-load model every pool shares (sim/expert_load.py)."""
+
+    # defaults: fitted by benchmarks/eplb_fit.py to the article's three imbalances (docs/eplb.md)
+    family: Literal["zipf", "dirichlet"] = "zipf"
+    skew: float = Field(
+        0.3,
+        ge=0,
+        description="zipf: exponent s, p ∝ rank^-s; dirichlet: concentration (smaller = skewed)",
+    )
+    drift_sigma: float = Field(0.004, ge=0, description="log-popularity walk: σ per √second")
+    drift_reversion_s: float = Field(
+        3600.0,
+        gt=0,
+        description="mean-reversion time of the walk (its stationary σ is "
+        "drift_sigma·√(reversion/2))",
+    )
+    drift_update_s: float = Field(1.0, gt=0, description="time grid the popularity moves on")
+    request_concentration: float = Field(
+        30.0,
+        gt=0,
+        description="κ: a request routes by π ~ Dirichlet(κ·p); smaller = requests more topical",
+    )
+    class_sigma: float = Field(
+        0.3, ge=0, description="σ of the fixed log-popularity tilt of each traffic class"
+    )
+
+    @model_validator(mode="after")
+    def _dirichlet_positive(self) -> ExpertLoad:
+        if self.family == "dirichlet" and self.skew <= 0:
+            raise ValueError("skew: the dirichlet concentration must be > 0")
+        return self
+
+
+class EplbPool(FrozenModel):
+    """How one pool balances its experts (its redundant slots are set on the pool)."""
+
+    policy: Literal["eplb", "static"] = Field(
+        "eplb", description="eplb: replicate and re-pack periodically; static: fixed blocks"
+    )
+    window_steps: int = Field(ge=1, description="steps of expert-load statistics EPLB sees")
+    period_steps: int = Field(ge=1, description="steps between re-assignments")
+    warm_start: bool = Field(
+        True, description="start from the EPLB placement of the expected load (steady state)"
+    )
+    minimize_moves: bool = Field(
+        True, description="renumber new packs onto ranks to keep experts where they are"
+    )
+
+
+class Eplb(FrozenModel):
+    imbalance: Literal["live", "constant"] = Field(
+        "live",
+        description="live: sample every step's expert imbalance from the load model and the "
+        "group's placement; constant: use policies.expert_imbalance",
+    )
+    load: ExpertLoad = ExpertLoad()
+    prefill: EplbPool = EplbPool(window_steps=100, period_steps=1000)
+    decode: EplbPool = EplbPool(window_steps=1000, period_steps=10000)
 
 
 class Tiers(FrozenModel):
@@ -229,6 +291,7 @@ class Policies(FrozenModel):
     )
     speculative: Speculative = Speculative()
     expert_imbalance: ExpertImbalance = ExpertImbalance()
+    eplb: Eplb = Eplb()
 
 
 class Spread(FrozenModel):

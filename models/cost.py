@@ -4,10 +4,12 @@ The simulator asks a pool's StepCost three things: the compute time of one DP ra
 prefill step, the per-rank compute time of a decode step (vectorized over the ranks of a Wide-EP
 group), and the all-to-all time of the expert dispatch/combine. Each rank's time is split into a
 ``dense`` part (attention, dense projections, shared expert: the rank's own tokens) and a ``moe``
-part (routed experts: under balanced routing every rank's experts see the group-mean load, which
-the expert-imbalance factor then stretches). ``compose`` turns those into a step time:
+part (routed experts: they run in lockstep, so the rank that receives the most routed tokens sets
+the pace — the group-mean tokens per rank times the expert-imbalance factor, fed through the
+expert kernel's own load→time curve, so a memory-bound step barely feels it). ``compose`` turns
+those into a step time:
 
-    step = overhead + max_r dense_r + imbalance · mean_r moe_r + exposed all-to-all
+    step = overhead + max_r dense_r + moe(imbalance · mean_r tokens_r) + exposed all-to-all
 
 where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (DeepEP's
 two-micro-batch overlap). :class:`RooflineStepCost` derives the parts from ModelSpec ×
@@ -134,14 +136,14 @@ class StepCost(ABC):
 
     @abstractmethod
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
-        """Routed-expert time of one rank when the group sends it this many tokens on average."""
+        """Routed-expert time of one rank that receives this many tokens (per MoE layer)."""
 
     @abstractmethod
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Dispatch + combine time over all MoE layers for ``tokens_per_rank`` tokens per rank."""
 
-    def compose(self, dense_max: float, moe_mean: float, imbalance: float, comm: float) -> float:
-        compute = dense_max + imbalance * moe_mean
+    def compose(self, dense_max: float, moe: float, comm: float) -> float:
+        compute = dense_max + moe
         exposed = max(0.0, comm - self.comm_overlap * compute)
         return self.step_overhead_s + compute + exposed
 
@@ -173,12 +175,12 @@ class StepCost(ABC):
             tokens_sum += tokens
             tokens_max = max(tokens_max, tokens)
         ep = self.shape.ep
-        moe = self.moe_s(tokens_sum / ep, "prefill")
+        moe = self.moe_s(imbalance * tokens_sum / ep, "prefill")
         comm = self.a2a_s(tokens_max, "prefill")
         if replay_sum:
-            moe += self.moe_s(replay_sum / ep, "replay")
+            moe += self.moe_s(imbalance * replay_sum / ep, "replay")
             comm += self.a2a_s(replay_max, "replay")
-        return self.compose(dense_max, moe, imbalance, comm)
+        return self.compose(dense_max, moe, comm)
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
         """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step
@@ -207,9 +209,9 @@ class StepCost(ABC):
     ) -> float:
         """Lockstep step time of a Wide-EP decode group: the slowest rank sets the pace."""
         dense_max = float(self.decode_dense(batch, kv_tokens, verify).max())
-        moe = self.moe_s(float(batch.sum()) * verify / self.shape.ep, "decode")
+        moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
         comm = self.a2a_s(float(batch.max()) * verify, "decode")
-        return self.compose(dense_max, moe, imbalance, comm)
+        return self.compose(dense_max, moe, comm)
 
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         """The decode step from per-rank rows ``load = [batch; kv_tokens; tokens; kv-weighted
@@ -218,9 +220,9 @@ class StepCost(ABC):
         batch, kv, tokens = load[0], load[1], load[2]
         verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
         dense_max = float(self.decode_dense(batch, kv, verify).max())
-        moe = self.moe_s(float(tokens.sum()) / self.shape.ep, "decode")
+        moe = self.moe_s(imbalance * float(tokens.sum()) / self.shape.ep, "decode")
         comm = self.a2a_s(float(tokens.max()), "decode")
-        return self.compose(dense_max, moe, imbalance, comm)
+        return self.compose(dense_max, moe, comm)
 
 
 class RooflineStepCost(StepCost):
@@ -331,9 +333,9 @@ class RooflineStepCost(StepCost):
         # memory time and its token count; one max per row picks the slowest and the busiest.
         compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
-        moe = self.moe_s(float(load[2].sum()) / self.shape.ep, "decode")
+        moe = self.moe_s(imbalance * float(load[2].sum()) / self.shape.ep, "decode")
         comm = self.a2a_s(float(tokens_max), "decode")
-        return self.compose(dense_max, moe, imbalance, comm)
+        return self.compose(dense_max, moe, comm)
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         return self._a2a.time(tokens_per_rank, phase)

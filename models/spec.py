@@ -83,11 +83,14 @@ class MoE(FrozenModel):
     dense_layers: int = Field(0, ge=0)
     hash_routed_layers: int = Field(0, ge=0)
     dense_ffn_width: int = Field(0, ge=0)
+    expert_groups: int = Field(1, ge=1, description="routing groups (hierarchical EPLB)")
 
     @model_validator(mode="after")
     def _topk_fits(self) -> MoE:
         if self.top_k > self.routed_experts:
             raise ValueError("top_k cannot exceed routed_experts")
+        if self.routed_experts % self.expert_groups:
+            raise ValueError("expert_groups must divide routed_experts")
         return self
 
 

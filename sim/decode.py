@@ -25,6 +25,7 @@ import numpy as np
 import simpy
 
 from ..models.cost import StepCost
+from .expert_parallel import GroupExperts
 from .requests import RequestTable, State
 from .speculative import SpecDecoder
 from .steploop import StepLoop
@@ -48,6 +49,7 @@ class DecodeGroup(StepLoop):
         spec: SpecDecoder | None = None,
         ideal_balance: bool = False,
         preempt: bool = False,
+        experts: GroupExperts | None = None,
     ) -> None:
         super().__init__(env)
         self.idx = idx
@@ -56,7 +58,9 @@ class DecodeGroup(StepLoop):
         self.max_seqs = max_seqs_per_rank
         self.kv_capacity = kv_capacity_tokens
         self.seq_overhead = seq_overhead_tokens
-        self.imbalance = imbalance
+        self.imbalance = imbalance  # this step's expert imbalance (constant without experts)
+        self.experts = experts
+        self.classes = 1 if experts is None else experts.load.classes
         self.table = table
         self.on_done = on_done
         # per-rank state, as the rows of one array the cost model reads at once:
@@ -81,6 +85,7 @@ class DecodeGroup(StepLoop):
         self.s_left = np.full(cap, _IDLE, dtype=np.int64)
         self.s_k0 = np.zeros(cap, dtype=np.int64)
         self.s_ctx = np.zeros(cap, dtype=np.int64)  # context tokens the sequence holds
+        self.s_cls = np.zeros(cap, dtype=np.int64)  # traffic class (expert-load model)
         self.spec = spec
         self.ideal = ideal_balance  # cost every step as if each rank held the mean load
         self.preempt = preempt  # KV policy: grow and preempt, or reserve whole contexts
@@ -159,6 +164,7 @@ class DecodeGroup(StepLoop):
                 self.s_left[i] = t.output_len[rid] - 1 - done  # token 1 came from prefill
                 self.s_k0[i] = k
                 self.s_ctx[i] = ctx
+                self.s_cls[i] = t.source.traffic_class[rid]
                 if resumed:  # recompute its KV in this step, on this rank
                     self.recompute[rank].append((ctx, 0))
                     t.kv_lost[rid] = False
@@ -192,19 +198,37 @@ class DecodeGroup(StepLoop):
     def _decode_step_time(self) -> float:
         load = self.load
         spec = self.spec
+        hw = self.hw
+        live = self.s_req[:hw] >= 0
         if spec is None or not spec.active:
             load[2] = load[0]
             load[3] = load[1]
-            return self.cost.decode_step_packed(self._costed(load), self.imbalance)
-        hw = self.hw
-        live = self.s_req[:hw] >= 0
+            stall = self._expert_step(live.astype(np.float64))
+            return stall + self.cost.decode_step_packed(self._costed(load), self.imbalance)
         v = spec.choose(hw, live, self._step_time_with)
         tokens = np.where(live, 1 + v, 0)
         ranks = self.s_rank[:hw]
         load[2] = np.bincount(ranks, weights=tokens, minlength=self.ep)
         load[3] = np.bincount(ranks, weights=tokens * self.s_ctx[:hw], minlength=self.ep)
         self.verify_sum += int(v[live].sum())
-        return self.cost.decode_step_packed(self._costed(load), self.imbalance) + spec.overhead_s
+        stall = self._expert_step(tokens.astype(np.float64))
+        step = self.cost.decode_step_packed(self._costed(load), self.imbalance)
+        return stall + step + spec.overhead_s
+
+    def _expert_step(self, tokens: np.ndarray) -> float:
+        """Sample this step's expert imbalance from the slots' routed tokens; returns the weight
+        shuffling stall of a rebalance due now (0 otherwise)."""
+        if self.experts is None:
+            return 0.0
+        if self.classes == 1:
+            per_class = np.array([[tokens.sum()]])
+            sq = np.array([[tokens @ tokens]])
+        else:
+            cls = self.s_cls[: self.hw]
+            per_class = np.bincount(cls, weights=tokens, minlength=self.classes)[:, None]
+            sq = np.bincount(cls, weights=tokens * tokens, minlength=self.classes)[:, None]
+        self.imbalance, stall = self.experts.step(self.env.now, per_class, sq)
+        return stall
 
     def _costed(self, load: np.ndarray) -> np.ndarray:
         """The per-rank rows the step is charged for: as they are, or (the offline ideal) every

@@ -33,6 +33,8 @@ from ..traces import RequestSource
 from ..traces.workload import build_source
 from .balancer import make_balancer
 from .decode import DecodeGroup
+from .expert_load import ExpertLoadModel
+from .expert_parallel import GroupExperts, Pool, group_shape
 from .itl import itl_summary
 from .network import Link
 from .prefill import PrefillInstance
@@ -106,6 +108,28 @@ def vision_seconds_per_image(sc: Scenario, hw: HardwareSpec) -> float:
     return 2 * v.encoder_params_b * 1e9 * v.tokens_per_image / (hw.flops("bf16") * v.efficiency)
 
 
+def make_expert_load(
+    sc: Scenario, model: ModelSpec, source: RequestSource
+) -> ExpertLoadModel | None:
+    """The run's shared expert-load model, or None when the imbalance is a constant."""
+    eplb = sc.policies.eplb
+    if eplb.imbalance != "live":
+        return None
+    return ExpertLoadModel(eplb.load, model, source.class_names, sc.seed)
+
+
+def make_group_experts(
+    sc: Scenario, pool: Pool, load: ExpertLoadModel | None, name: str
+) -> GroupExperts | None:
+    """An EP group's live expert balance, or None when the imbalance is a constant."""
+    if load is None:
+        return None
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
+    shape = group_shape(sc, pool, cfg.ep, cfg.redundant_experts_per_gpu)
+    return GroupExperts(load, policy, shape, stream(sc.seed, f"experts/{name}"))
+
+
 def make_spec_decoder(
     sc: Scenario, model: ModelSpec, source: RequestSource, capacity: int, group: int
 ) -> SpecDecoder:
@@ -165,6 +189,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     table = RequestTable(source)
     pools = sc.pools
     imb = sc.policies.expert_imbalance
+    load = make_expert_load(sc, model, source)
     kv_cap = decode_kv_capacity_tokens(sc, model, hw["decode"])
     kv_per_token, slot_bytes = model.kv_bytes_per_token(), model.swa_slot_bytes
     seq_overhead = slot_bytes / model.kv_hbm_bytes_per_token()  # SWA slot in KV-token units
@@ -195,6 +220,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
                 ),
                 pools.decode.ideal_balance,
                 pools.decode.kv_policy == "preempt",
+                make_group_experts(sc, "decode", load, f"decode/{g}"),
             )
         )
     balancer = make_balancer(
@@ -251,6 +277,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         imb.prefill,
         cl.links,
         on_prefill_done,
+        lambda i: make_group_experts(sc, "prefill", load, f"prefill/{i}"),
     )
     cl.prefill = cl.path.instances
     to_prefill = cl.path.admit
@@ -378,12 +405,16 @@ def simulate(
     sc: Scenario,
     source: RequestSource | None = None,
     progress: Callable[[float, int, int], None] | None = None,
+    on_build: Callable[[Cluster], None] | None = None,
 ) -> Result:
-    """Run one scenario. ``source`` overrides the scenario's workload (tests, notebooks)."""
+    """Run one scenario. ``source`` overrides the scenario's workload (tests, notebooks);
+    ``on_build`` sees the cluster before it starts (e.g. to record expert steps)."""
     wall0 = time.perf_counter()
     if source is None:
         source = build_source(sc.workload, sc.seed)
     cl = build_cluster(sc, source)
+    if on_build is not None:
+        on_build(cl)
     sampler = TimeseriesSampler(cl, sc.sim.timeseries_interval_s)
     env = cl.env
     horizon = sc.sim.horizon_s

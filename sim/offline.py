@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,13 @@ from ..scenario import Scenario
 from ..traces import RequestSource
 from .balancer import make_balancer
 from .decode import DecodeGroup
-from .engine import decode_kv_capacity_tokens, make_spec_decoder, make_step_cost
+from .engine import (
+    decode_kv_capacity_tokens,
+    make_expert_load,
+    make_group_experts,
+    make_spec_decoder,
+    make_step_cost,
+)
 from .requests import RequestTable
 
 
@@ -32,6 +39,7 @@ class DecodeRun:
     mean_step_s: float
     steps: int
     makespan_s: float
+    imbalance_mean: float  # expert imbalance over the measured steps (the constant if not live)
 
 
 def _source(inputs: np.ndarray, outputs: np.ndarray, block: int = 512) -> RequestSource:
@@ -74,8 +82,15 @@ def _group(
         spec,
         ideal or pool.ideal_balance,
         pool.kv_policy == "preempt",
+        make_group_experts(sc, "decode", make_expert_load(sc, model, src), "decode/0"),
     )
     return env, group
+
+
+def _imbalance_since(group: DecodeGroup, step: int) -> float:
+    if group.experts is None:
+        return group.imbalance
+    return float(np.mean(group.experts.factors[step:]))
 
 
 def steady_throughput(
@@ -85,11 +100,13 @@ def steady_throughput(
     steps: int = 300,
     warmup: int = 30,
     outputs: np.ndarray | None = None,
+    on_group: Callable[[DecodeGroup], None] | None = None,
 ) -> DecodeRun:
     """``per_rank`` sequences on every rank, each at ``context`` tokens. Without ``outputs`` no
     sequence ends within the measured steps; with them (output lengths to draw from, cyclically)
     every finished sequence is replaced at once on its rank — a closed loop at constant
-    concurrency, in which slow sequences stay longer, as they do in production."""
+    concurrency, in which slow sequences stay longer, as they do in production. ``on_group``
+    sees the group before it starts (e.g. to record its expert steps)."""
     pool = sc.pools.decode
     n = per_rank * pool.ep
     longest = (warmup + steps) * (sc.policies.speculative.max_draft_tokens + 1) + 16
@@ -100,6 +117,8 @@ def steady_throughput(
         outs = np.resize(np.maximum(np.asarray(outputs), 2), total)
     src = _source(np.full(outs.size, context), outs)
     env, group = _group(sc, src)
+    if on_group is not None:
+        on_group(group)
     nxt = [n]
 
     def replace(rid: int) -> None:
@@ -131,6 +150,7 @@ def steady_throughput(
         mean_step_s=dt / steps,
         steps=steps,
         makespan_s=dt,
+        imbalance_mean=_imbalance_since(group, warmup),
     )
 
 
@@ -159,4 +179,5 @@ def offline_makespan(
         mean_step_s=env.now / max(1, group.steps),
         steps=group.steps,
         makespan_s=env.now,
+        imbalance_mean=_imbalance_since(group, 0),
     )

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from ..models.cost import Chunk, StepCost
 from .chunking import chunk_time, largest_chunk
+from .expert_parallel import GroupExperts
 from .requests import RequestTable, State
 from .steploop import StepLoop
 
@@ -60,6 +62,7 @@ class PrefillInstance(StepLoop):
         "busy_s",
         "cost",
         "dp",
+        "experts",
         "flops",
         "idx",
         "imbalance",
@@ -75,6 +78,7 @@ class PrefillInstance(StepLoop):
         "steps",
         "table",
         "time_budget",
+        "traffic_class",
         "whole",
     )
 
@@ -92,8 +96,12 @@ class PrefillInstance(StepLoop):
         flops: Callable[[int, int, bool], float],
         on_done: Callable[[int, int], None],
         whole_prompts: bool = False,
+        experts: GroupExperts | None = None,
+        traffic_class: np.ndarray | None = None,
     ) -> None:
         super().__init__(env)
+        self.experts = experts  # live expert imbalance; None: the constant ``imbalance``
+        self.traffic_class = traffic_class
         self.whole = whole_prompts
         self.idx = idx
         self.machine = machine
@@ -172,7 +180,27 @@ class PrefillInstance(StepLoop):
         for seq, _, _ in running:
             if start_col[seq.rid] != start_col[seq.rid]:  # NaN: first chunk of this request
                 start_col[seq.rid] = now
-        return self.cost.prefill_step(chunks, self.imbalance, replays)
+        imbalance, stall = self.imbalance, 0.0
+        if self.experts is not None:
+            imbalance, stall = self._expert_step(now)
+        return stall + self.cost.prefill_step(chunks, imbalance, replays)
+
+    def _expert_step(self, now: float) -> tuple[float, float]:
+        """Routed tokens of this step per class (chunks: prefill layers; decoder replay: the
+        replay-only layers) and their per-request square sums, handed to the expert balance."""
+        assert self.experts is not None
+        classes = self.experts.load.classes
+        tokens = np.zeros((classes, 2))
+        sq = np.zeros((classes, 2))
+        cls = self.traffic_class
+        for seq, n, replay in self.step_items:
+            c = int(cls[seq.rid]) if classes > 1 and cls is not None else 0
+            tokens[c, 0] += n
+            sq[c, 0] += n * n
+            if replay:
+                tokens[c, 1] += replay
+                sq[c, 1] += replay * replay
+        return self.experts.step(now, tokens, sq)
 
     def end_step(self, dt: float) -> None:
         self.busy_s += dt

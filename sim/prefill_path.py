@@ -27,6 +27,7 @@ from ..models.hardware import HardwareSpec
 from ..models.spec import ModelSpec
 from ..scenario import Scenario
 from ..traces import RequestSource
+from .expert_parallel import GroupExperts
 from .network import Link
 from .prefill import PrefillInstance
 from .prefix_cache import MemoryPrefixStore, PrefixStore
@@ -63,6 +64,7 @@ class PrefillPath:
         imbalance: float,
         egress: list[Link],
         on_prefilled: Callable[[int, int], None],
+        experts_for: Callable[[int], GroupExperts | None] = lambda i: None,
     ) -> None:
         pool = sc.pools.prefill
         self.env, self.table, self.source, self.model = env, table, source, model
@@ -106,6 +108,8 @@ class PrefillPath:
                 flops,
                 self._prefilled,
                 whole_prompts=pool.scheduler == "whole",
+                experts=experts_for(i),
+                traffic_class=source.traffic_class,
             )
             for i in range(pool.instances)
         ]

@@ -101,6 +101,42 @@ def _cache(cl: Cluster) -> dict[str, Any]:
     }
 
 
+def _eplb(cl: Cluster) -> dict[str, Any]:
+    """Expert imbalance per pool (step-weighted over every EP group) and EPLB's work."""
+    sc = cl.sc
+    eplb = sc.policies.eplb
+    constant = sc.policies.expert_imbalance
+    out: dict[str, Any] = {"imbalance": eplb.imbalance}
+    by_pool = {}
+    totals = {"rebalances": 0, "moved_bytes": 0.0, "moved_experts": 0, "stall_s": 0.0}
+    for pool, groups in (
+        ("prefill", [p.experts for p in cl.prefill]),
+        ("decode", [g.experts for g in cl.decode]),
+    ):
+        live = [e for e in groups if e is not None]
+        if not live:
+            out[f"{pool}_imbalance_mean"] = getattr(constant, pool)
+            continue
+        factors = np.concatenate([np.asarray(e.factors) for e in live])
+        policy = getattr(eplb, pool)
+        stats = {
+            "policy": policy.policy,
+            "window_steps": policy.window_steps,
+            "period_steps": policy.period_steps,
+            "redundant_experts_per_gpu": live[0].shape.redundant_per_rank,
+            "imbalance": dist_stats(factors),
+            "rebalances": sum(e.rebalances for e in live),
+            "moved_bytes": sum(e.moved_bytes for e in live),
+            "moved_experts": sum(e.moved_experts for e in live),
+            "stall_s": sum(e.stall_total_s for e in live),
+        }
+        by_pool[pool] = stats
+        out[f"{pool}_imbalance_mean"] = float(factors.mean()) if factors.size else None
+        for key in totals:
+            totals[key] += stats[key]
+    return {**out, **totals, "by_pool": by_pool}
+
+
 def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[str, Any]:
     t = cl.table
     sc = cl.sc
@@ -199,6 +235,7 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
         },
         "prefill": _prefill(cl),
         "cache": _cache(cl),
+        "eplb": _eplb(cl),
         "cost": _cost(cl, out_s, in_s),
         "sim": {
             "seed": sc.seed,

@@ -15,6 +15,15 @@ from .requests import State
 
 if TYPE_CHECKING:
     from .engine import Cluster
+    from .expert_parallel import GroupExperts
+
+
+def _factor_sums(pool: str, groups: list[GroupExperts | None]) -> dict[str, float]:
+    live = [e for e in groups if e is not None]
+    return {
+        f"{pool}_eplb_sum": sum(e.factor_sum for e in live),
+        f"{pool}_eplb_steps": sum(e.factor_steps for e in live),
+    }
 
 
 class TimeseriesSampler:
@@ -36,6 +45,8 @@ class TimeseriesSampler:
             "hit_tokens": cl.path.hit_tokens_total if cl.path else 0,
             "lookup_tokens": cl.path.input_tokens_total if cl.path else 0,
             "output_tokens": sum(g.tokens_out for g in cl.decode),
+            **_factor_sums("prefill", [p.experts for p in cl.prefill]),
+            **_factor_sums("decode", [g.experts for g in cl.decode]),
         }
 
     def _run(self):
@@ -76,11 +87,20 @@ class TimeseriesSampler:
                 "decode_util": util("decode_busy", pools.decode.groups),
                 "prefill_tok_per_s": (now["prefill_tokens"] - self._prev["prefill_tokens"]) / dt,
                 "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
+                "prefill_imbalance": self._imbalance("prefill", now),
+                "decode_imbalance": self._imbalance("decode", now),
                 "prefix_hit_rate": (now["hit_tokens"] - self._prev["hit_tokens"])
                 / max(1.0, now["lookup_tokens"] - self._prev["lookup_tokens"]),
             }
         )
         self._prev = now
+
+    def _imbalance(self, pool: str, now: dict[str, float]) -> float:
+        """Mean expert-imbalance factor of the pool's steps in the interval (NaN: none ran)."""
+        steps = now[f"{pool}_eplb_steps"] - self._prev[f"{pool}_eplb_steps"]
+        if steps <= 0:
+            return float("nan")
+        return (now[f"{pool}_eplb_sum"] - self._prev[f"{pool}_eplb_sum"]) / steps
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)

@@ -370,7 +370,7 @@ def test_decode_step_is_set_by_the_slowest_rank() -> None:
     moe = c.moe_s(float(fewer.sum()) * 4.0 / 64, "decode")
     dense_max = float(c.decode_dense(b, kv, 4.0)[0])
     assert c.decode_step(fewer, kv, 4.0) == pytest.approx(
-        c.compose(dense_max, moe, 1.0, c.a2a_s(70 * 4.0, "decode")), rel=1e-12
+        c.compose(dense_max, moe, c.a2a_s(70 * 4.0, "decode")), rel=1e-12
     )
 
     # Few sequences per rank: the experts are weight-bound, so the mean load does not matter.
@@ -427,7 +427,7 @@ def test_expert_imbalance_stretches_only_the_moe_part() -> None:
 def test_decode_step_is_max_over_ranks_of_decode_dense(hw: str, seed: int) -> None:
     """The vectorized hot path gives the lockstep semantics for arbitrary per-rank loads.
 
-    decode_step = compose(max over ranks of decode_dense, moe_s(group-mean tokens), imbalance,
+    decode_step = compose(max over ranks of decode_dense, moe_s(imbalance · group-mean tokens),
     a2a_s(the busiest rank's tokens)); and decode_dense of the whole group equals decode_dense
     of each rank on its own (no cross-rank leakage in the vectorized form).
     """
@@ -443,8 +443,7 @@ def test_decode_step_is_max_over_ranks_of_decode_dense(hw: str, seed: int) -> No
     np.testing.assert_allclose(dense, singles, rtol=1e-12)
     expected = c.compose(
         max(singles),
-        c.moe_s(float(b.mean()) * verify, "decode"),
-        imbalance,
+        c.moe_s(imbalance * float(b.mean()) * verify, "decode"),
         c.a2a_s(float(b.max()) * verify, "decode"),
     )
     assert c.decode_step(b, kv, verify, imbalance) == pytest.approx(expected, rel=1e-12)
@@ -529,17 +528,17 @@ def test_compose_hides_communication_behind_compute() -> None:
     """
     c = cost(step=StepParams(comm_overlap=0.7, step_overhead_s=2e-4))
     overhead = 2e-4
-    assert c.compose(6e-3, 4e-3, 1.0, 0.0) == pytest.approx(overhead + 10e-3)
-    assert c.compose(6e-3, 4e-3, 1.0, 5e-3) == pytest.approx(overhead + 10e-3)
-    assert c.compose(6e-3, 4e-3, 1.0, 7e-3) == pytest.approx(overhead + 10e-3)
-    assert c.compose(6e-3, 4e-3, 1.0, 10e-3) == pytest.approx(overhead + 10e-3 + 3e-3)
-    assert c.compose(6e-3, 4e-3, 1.5, 10e-3) == pytest.approx(overhead + 12e-3 + 1.6e-3)
+    assert c.compose(6e-3, 4e-3, 0.0) == pytest.approx(overhead + 10e-3)
+    assert c.compose(6e-3, 4e-3, 5e-3) == pytest.approx(overhead + 10e-3)
+    assert c.compose(6e-3, 4e-3, 7e-3) == pytest.approx(overhead + 10e-3)
+    assert c.compose(6e-3, 4e-3, 10e-3) == pytest.approx(overhead + 10e-3 + 3e-3)
+    assert c.compose(6e-3, 6e-3, 10e-3) == pytest.approx(overhead + 12e-3 + 1.6e-3)
 
 
 def test_compose_without_overlap_serialises_communication() -> None:
     """With comm_overlap 0 nothing hides: step = overhead + compute + communication."""
     c = cost(step=StepParams(comm_overlap=0.0, step_overhead_s=0.0))
-    assert c.compose(6e-3, 4e-3, 1.0, 1e-3) == pytest.approx(11e-3)
+    assert c.compose(6e-3, 4e-3, 1e-3) == pytest.approx(11e-3)
 
 
 @pytest.mark.parametrize("verify", [1.0, 3.2, 6.0])
