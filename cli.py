@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import click
 
@@ -233,13 +233,13 @@ def eplb(
             tokens_per_request = 1.0 + run.verify_tokens_per_seq_step
     res = benchmark_point(
         sc,
-        pool,
+        "prefill" if pool == "prefill" else "decode",
         ep,
         redundant,
         requests,
         tokens_per_request,
         steps,
-        step_s,  # type: ignore[arg-type]
+        step_s,
     )
     _print_eplb(res)
     if json_file:
@@ -269,6 +269,109 @@ def _print_eplb(res: dict[str, Any]) -> None:
             f"{r['stall_s']:.3f}",
         )
     _console().print(t)
+
+
+class _Duration(click.ParamType):
+    """Seconds, or a number with a unit: 90s, 15m, 4h, 3d."""
+
+    name = "duration"
+    units: ClassVar[dict[str, float]] = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        text = str(value).strip().lower()
+        scale = self.units.get(text[-1:], None)
+        try:
+            seconds = float(text[:-1] if scale else text) * (scale or 1.0)
+        except ValueError:
+            self.fail(f"{value!r} is not a duration (e.g. 600, 90s, 15m, 4h, 3d)", param, ctx)
+        if not seconds > 0:
+            self.fail(f"{value!r}: a duration must be > 0", param, ctx)
+        return seconds
+
+
+@main.group()
+def sweep() -> None:
+    """Sweeps that need no cluster run per point."""
+
+
+@sweep.command("ttl")
+@click.argument("config", default="default")
+@click.option(
+    "--ttl", "ttls", multiple=True, type=_Duration(), help="TTL grid point (repeatable; "
+    "default 1m … 14d)."
+)  # fmt: skip
+@click.option(
+    "--capacity-tb", "capacities", multiple=True, type=click.FloatRange(min=0, min_open=True),
+    help="Also sweep an LRU capacity in logical TB (repeatable; Che's approximation).",
+)  # fmt: skip
+@click.option("--gpus", type=click.IntRange(1), help="Size storage for this many GPUs.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@_overrides
+def sweep_ttl(
+    config: str,
+    ttls: tuple[float, ...],
+    capacities: tuple[float, ...],
+    gpus: int | None,
+    out_dir: str | None,
+    no_plots: bool,
+    overrides: tuple[str, ...],
+) -> None:
+    """Token hit rate per traffic class, prefill tokens saved and storage needed, for a grid of
+    TTLs, in one pass over CONFIG's workload (no simulation per point)."""
+    from .scenario import load_scenario
+    from .sim.storage_sizing import DEFAULT_TTLS_S, block_bytes, ttl_report
+    from .sim.ttl_sweep import plot_ttl_sweep
+    from .traces.workload import build_source
+
+    sc = load_scenario(config, list(overrides))
+    source = build_source(sc.workload, sc.seed)
+    if not len(source):
+        raise click.UsageError(f"{config}: the workload has no requests")
+    caps = [tb * 1e12 / block_bytes(sc, source) for tb in capacities] or None
+    _, frame = ttl_report(sc, source, ttls or DEFAULT_TTLS_S, caps, gpus)
+    out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-ttl"
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "ttl_sweep.csv", index=False)
+    if not no_plots:
+        plot_ttl_sweep(frame, out)
+    _print_ttl(frame, len(source), out)
+
+
+def _print_ttl(frame: Any, requests: int, out: Path) -> None:
+    from rich.table import Table
+
+    rows = frame[frame["capacity_blocks"] == float("inf")]
+    classes = [c for c in rows["traffic_class"].unique() if c != "all"]
+    t = Table(title=f"TTL sweep: {requests:,} requests, {rows['gpus'].iloc[0]} GPUs")
+    t.add_column("TTL")
+    for c in [*classes, "all"]:
+        t.add_column(f"hit {c}", justify="right")
+    t.add_column("saved Mtok", justify="right")
+    t.add_column("storage TB", justify="right")
+    t.add_column("nodes", justify="right")
+    for (policy, ttl), grp in rows.groupby(["policy", "ttl_s"], dropna=False, sort=False):
+        by = grp.set_index("traffic_class")
+        label = "per class" if policy == "class_ttl" else _duration_label(float(ttl))
+        t.add_row(
+            label,
+            *(f"{by.loc[c, 'hit_rate']:.2%}" for c in [*classes, "all"]),
+            f"{by.loc['all', 'hit_tokens'] / 1e6:,.1f}",
+            f"{by.loc['all', 'needed_tb']:,.1f}",
+            f"{by.loc['all', 'nodes_needed']}",
+        )
+    con = _console()
+    con.print(t)
+    con.print(f"results in {out}")
+
+
+def _duration_label(seconds: float) -> str:
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 @main.command()

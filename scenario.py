@@ -93,10 +93,73 @@ class VisionPool(FrozenModel):
         return self.instances
 
 
-class StoragePool(FrozenModel):
-    """Dedicated KV storage nodes (counted in cost; the store model lives in sim/kvstore)."""
+DAY_S = 86400.0
 
-    nodes: int = Field(0, ge=0)
+
+class StoragePool(FrozenModel):
+    """The 3FS-style KV-cache cluster (sim/kvstore.py, sim/storage_nodes.py). ``nodes: 0`` keeps
+    the in-memory reference prefix store (``cache.prefix``) instead."""
+
+    nodes: int = Field(
+        0, ge=0, description="storage nodes; a multiple of the coding width (data + parity)"
+    )
+    disks_per_node: int = Field(20, ge=1)
+    disk_tb: float = Field(30.73, gt=0, description="capacity of one SSD, TB (10^12 bytes)")
+    read_gbytes_per_s: float = Field(40.0, gt=0, description="sustained read per node, GB/s")
+    write_gbytes_per_s: float = Field(5.0, gt=0, description="sustained write per node, GB/s")
+    data_chunks: int = Field(10, ge=1, description="erasure coding: data chunks per stripe")
+    parity_chunks: int = Field(2, ge=0, description="erasure coding: parity chunks per stripe")
+    node_latency_s: float = Field(
+        200e-6,
+        ge=0,
+        description="mean (exponential) response latency of a node on top of its queue",
+    )
+    high_watermark: float = Field(0.95, gt=0, le=1, description="GC starts above this used share")
+    low_watermark: float = Field(0.85, gt=0, le=1, description="GC evicts LRU down to this share")
+    ttl_s: dict[str, float] = Field(
+        default_factory=lambda: {"agent": 3 * DAY_S, "chatbot": 7 * DAY_S},
+        description="TTL per traffic class, enforced storage-side",
+    )
+    default_ttl_s: float = Field(
+        7 * DAY_S, gt=0, description="TTL of a traffic class not named in ttl_s"
+    )
+    refresh_on_read: bool = Field(
+        True, description="a read restarts the block's TTL (false: TTL counts from its last write)"
+    )
+    mtbf_h: float | None = Field(
+        None, gt=0, description="per-node mean time between failures (None: scheduled faults only)"
+    )
+    mttr_h: float = Field(4.0, gt=0, description="mean time to repair a failed node")
+
+    @property
+    def width(self) -> int:
+        return self.data_chunks + self.parity_chunks
+
+    @property
+    def node_physical_bytes(self) -> float:
+        return self.disks_per_node * self.disk_tb * 1e12
+
+    @property
+    def logical_bytes(self) -> float:
+        """What the cluster holds of KV before erasure coding (physical × data / width)."""
+        return self.nodes * self.node_physical_bytes * self.data_chunks / self.width
+
+    def ttl_for(self, traffic_class: str) -> float:
+        return self.ttl_s.get(traffic_class, self.default_ttl_s)
+
+    @model_validator(mode="after")
+    def _shape(self) -> StoragePool:
+        if self.nodes % self.width:
+            raise ValueError(
+                f"nodes: {self.nodes} is not a multiple of the coding width {self.width} "
+                f"({self.data_chunks} data + {self.parity_chunks} parity)"
+            )
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError("low_watermark must be below high_watermark")
+        bad = [k for k, v in self.ttl_s.items() if not v > 0]
+        if bad:
+            raise ValueError(f"ttl_s.{bad[0]}: a TTL must be > 0 seconds")
+        return self
 
 
 class Pools(FrozenModel):
@@ -131,9 +194,10 @@ class Fault(FrozenModel):
     repair, or move to the backup link when the network has one. ``rank_fail``: rank ``rank``
     of decode group ``target`` fails; its running and queued requests are re-routed by the
     decode balancer to live ranks, keep the tokens they have produced, and recompute their KV
-    where they land."""
+    where they land. ``storage_node_fail``: storage node ``target`` fails; its coding group
+    serves degraded reads, loses its blocks at parity + 1 failed nodes, and rebuilds on repair."""
 
-    kind: Literal["link_cut", "rank_fail"]
+    kind: Literal["link_cut", "rank_fail", "storage_node_fail"]
     at_s: float = Field(ge=0)
     duration_s: float = Field(gt=0)
     target: int = Field(0, ge=0)
@@ -207,6 +271,20 @@ class Eplb(FrozenModel):
     load: ExpertLoad = ExpertLoad()
     prefill: EplbPool = EplbPool(window_steps=100, period_steps=1000)
     decode: EplbPool = EplbPool(window_steps=1000, period_steps=10000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_defaults(cls, data: Any) -> Any:
+        """A pool block that sets only some keys keeps that pool's own defaults for the rest."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for pool in ("prefill", "decode"):
+            given = out.get(pool)
+            if isinstance(given, dict):
+                default = cls.model_fields[pool].default.model_dump()
+                out[pool] = {**default, **given}
+        return out
 
 
 class Tiers(FrozenModel):
@@ -322,11 +400,14 @@ class Workload(FrozenModel):
 
 
 class PrefixCache(FrozenModel):
-    """The block prefix cache (in-memory reference store until the 3FS store replaces it)."""
+    """Prefix caching of 512-token blocks. With storage nodes (``pools.storage``) the blocks live
+    in the 3FS store; without, in the in-memory reference store bounded by ``capacity_tokens``."""
 
     enabled: bool = True
     capacity_tokens: int | None = Field(
-        None, ge=512, description="logical capacity; None = unbounded (every block kept)"
+        None,
+        ge=512,
+        description="in-memory store only: LRU capacity; None = unbounded (every block kept)",
     )
     load_gbps_per_8_gpus: float = Field(
         400, gt=0, description="ingress bandwidth a prefill instance loads hits and slots with"
@@ -428,6 +509,11 @@ class Scenario(FrozenModel):
                 raise ValueError(
                     f"faults[{i}].target: prefill instance {f.target} does not exist "
                     f"({self.pools.prefill.instances} instances)"
+                )
+            if f.kind == "storage_node_fail" and f.target >= self.pools.storage.nodes:
+                raise ValueError(
+                    f"faults[{i}].target: storage node {f.target} does not exist "
+                    f"({self.pools.storage.nodes} nodes)"
                 )
             if f.kind == "rank_fail" and (
                 f.target >= self.pools.decode.groups or f.rank >= self.pools.decode.ep

@@ -84,7 +84,7 @@ def worst(result: dict[str, Any]) -> tuple[float, float]:
 
 
 def fit(sc: Scenario, pts: dict[str, dict[str, Any]], base: ExpertLoad) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kappa, sigma in itertools.product(KAPPAS, SIGMAS):
         load = base.model_copy(update={"request_concentration": kappa, "drift_sigma": sigma})
         res = evaluate(sc, load, pts)
@@ -104,14 +104,16 @@ def sensitivity(sc: Scenario, pts: dict[str, dict[str, Any]], load: ExpertLoad) 
     eplb = sc.policies.eplb
     for kind in ("period_scale", "window_scale"):
         for scale in SCALES:
-            sets = []
+            pools = {}
             for pool in ("prefill", "decode"):
                 pol = getattr(eplb, pool)
                 window = max(1, round(pol.window_steps * (scale if kind == "window_scale" else 1)))
                 period = max(1, round(pol.period_steps * (scale if kind == "period_scale" else 1)))
-                sets += [f"policies.eplb.{pool}.window_steps={window}",
-                         f"policies.eplb.{pool}.period_steps={period}"]  # fmt: skip
-            scaled = load_scenario("default", sets)
+                pools[pool] = pol.model_copy(
+                    update={"window_steps": window, "period_steps": period}
+                )
+            policies = sc.policies.model_copy(update={"eplb": eplb.model_copy(update=pools)})
+            scaled = sc.model_copy(update={"policies": policies})
             out[kind][scale] = evaluate(scaled, load, pts)
         print(f"{kind} done", flush=True)
     return out

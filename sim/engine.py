@@ -36,6 +36,7 @@ from .decode import DecodeGroup
 from .expert_load import ExpertLoadModel
 from .expert_parallel import GroupExperts, Pool, group_shape
 from .itl import itl_summary
+from .kvstore import KvStore
 from .network import Link
 from .prefill import PrefillInstance
 from .prefill_path import PrefillPath
@@ -329,12 +330,46 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
 
     for group in cl.decode:
         group.on_evict = reroute
+    kv = cl.path.kv if cl.path is not None else None
     for fault in sc.faults:
         if fault.kind == "link_cut":
             env.process(link_cut(cl, fault.target, fault.at_s, fault.duration_s))
+        elif fault.kind == "storage_node_fail":
+            if kv is not None:
+                env.process(storage_node_fail(cl, kv, fault.target, fault.at_s, fault.duration_s))
         else:
             env.process(rank_fail(cl, fault.target, fault.rank, fault.at_s, fault.duration_s))
+    if kv is not None and sc.pools.storage.mtbf_h is not None:
+        start_random_storage_failures(cl, kv, stream(sc.seed, "storage/failures"))
     return cl
+
+
+def storage_node_fail(cl: Cluster, kv: KvStore, node: int, at_s: float, duration_s: float):
+    """A storage node is down for a while; its group degrades or loses its blocks, then rebuilds."""
+    env = cl.env
+    yield env.timeout(at_s)
+    if kv.nodes.failed[node]:
+        return  # already down (a scheduled and a random failure overlap)
+    kv.fail_node(node)
+    cl.counters["storage_node_failures"] = cl.counters.get("storage_node_failures", 0) + 1
+    yield env.timeout(duration_s)
+    kv.repair_node(node, env.now)
+
+
+def start_random_storage_failures(cl: Cluster, kv: KvStore, rng: np.random.Generator) -> None:
+    """Every node fails after an exponential time to failure (mean MTBF) and is repaired after
+    an exponential time to repair (mean MTTR), over and over."""
+    cfg = cl.sc.pools.storage
+    assert cfg.mtbf_h is not None
+    mtbf_s, mttr_s = cfg.mtbf_h * 3600.0, cfg.mttr_h * 3600.0
+
+    def life(node: int):
+        while True:
+            up, down = float(rng.exponential(mtbf_s)), float(rng.exponential(mttr_s))
+            yield from storage_node_fail(cl, kv, node, up, down)
+
+    for node in range(cfg.nodes):
+        cl.env.process(life(node))
 
 
 def rank_fail(cl: Cluster, group: int, rank: int, at_s: float, duration_s: float):
@@ -435,7 +470,7 @@ def simulate(
     check_invariants(cl)
     wall = time.perf_counter() - wall0
     itl_stats, itl_max = itl_summary(cl.table, cl.decode)
-    summary = summarize(cl, itl_stats, wall)
+    summary = summarize(cl, itl_stats, wall, sampler.read_gbps_peak)
     return Result(
         scenario=sc,
         requests=cl.table.frame(itl_max),

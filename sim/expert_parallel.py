@@ -27,7 +27,7 @@ import numpy as np
 from ..models.registry import load_hardware, load_model
 from ..scenario import EplbPool, Scenario
 from .eplb import Placement, match_ranks, moved_experts, rebalance, static_placement
-from .expert_load import ExpertLoadModel, rank_moments
+from .expert_load import ExpertLoadModel, SlotWeights, slot_moments
 
 Pool = Literal["prefill", "decode"]
 
@@ -101,19 +101,29 @@ class GroupExperts:
         self.factor_steps = 0
         self.factors: list[float] = []  # every step's factor, for the summary's percentiles
         self.trace: list[tuple[float, np.ndarray, np.ndarray]] | None = None  # set to record
-        self._moments: tuple[np.ndarray, np.ndarray, np.ndarray] = rank_moments(
-            load.pop, self.placement.phy2log, self.placement.replicas, shape.ranks, load.het
+        self._slots = self._slot_weights()
+        self._moments: tuple[np.ndarray, np.ndarray, np.ndarray] = slot_moments(
+            load.pop, self._slots, load.het
         )
 
     def _eplb(self, weight: np.ndarray) -> Placement:
         s = self.shape
         return rebalance(weight, s.ranks, s.redundant_per_rank, s.groups, s.nodes)
 
+    def place(self, placement: Placement) -> None:
+        """Adopt a placement (the moments are recomputed at the next step)."""
+        self.placement = placement
+        self._slots = self._slot_weights()
+        self._version = -1
+
+    def _slot_weights(self) -> SlotWeights:
+        p = self.placement
+        return SlotWeights(p.phy2log, p.replicas, p.ranks)
+
     def _refresh(self) -> None:
         load = self.load
         if self._version != load.version:
-            p = self.placement
-            self._moments = rank_moments(load.pop, p.phy2log, p.replicas, p.ranks, load.het)
+            self._moments = slot_moments(load.pop, self._slots, load.het)
             self._version = load.version
 
     def step(self, now: float, tokens: np.ndarray, sq_tokens: np.ndarray) -> tuple[float, float]:
@@ -139,14 +149,10 @@ class GroupExperts:
         share, q2, bias = self._moments
         k = self.load.top_k
         sets = self.shape.layer_set
-        t = tokens[:, sets] * k  # (C, L) token-choices per layer
-        h = sq_tokens[:, sets] * (k * k)
-        if t.shape[0] == 1:
-            mean = t[0, :, None] * share[0]
-            var = t[0, :, None] * q2[0] + h[0, :, None] * bias[0]
-        else:
-            mean = np.einsum("cl,clr->lr", t, share)
-            var = np.einsum("cl,clr->lr", t, q2) + np.einsum("cl,clr->lr", h, bias)
+        t = (tokens[:, sets] * k)[:, :, None]  # (C, L, 1) token-choices per layer
+        h = (sq_tokens[:, sets] * (k * k))[:, :, None]
+        mean = (t * share).sum(axis=0)
+        var = (t * q2 + h * bias).sum(axis=0)
         z = self.rng.standard_normal(mean.shape)
         loads = np.maximum(mean + np.sqrt(var) * z, 0.0)
         total = loads.sum()
@@ -184,8 +190,7 @@ class GroupExperts:
         if self.policy.minimize_moves:
             new = match_ranks(old, new, experts, s.nodes)
         moved = moved_experts(old, new, experts)  # (L, R)
-        self.placement = new
-        self._version = -1
+        self.place(new)
         self.since = 0
         self.rebalances += 1
         n_moved = int(moved.sum())

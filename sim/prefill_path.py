@@ -2,8 +2,9 @@
 hand-off of its finished prompt to the P->D transfer.
 
     prefix lookup (chained block hashes) -> length tier -> router picks an instance
-    -> SWA lookup for the hit prefix (local / remote / miss) -> load the hit KV (and a remote
-       SWA slot) over the instance's ingress link -> chunked prefill (prefill.py)
+    -> SWA lookup for the hit prefix (local / remote / miss) -> read the hit KV from the store
+       (the 3FS cluster's erasure-coded read, sim/kvstore.py) and load it (and a remote SWA
+       slot) over the instance's ingress link -> chunked prefill (prefill.py)
     -> write the new blocks back to the store (over the instance's egress link, shared with
        P->D transfers) and keep the prompt's SWA slot on this machine -> on_prefilled
 
@@ -25,9 +26,11 @@ from ..models.attention import AttentionCost
 from ..models.cost import StepCost
 from ..models.hardware import HardwareSpec
 from ..models.spec import ModelSpec
+from ..rng import stream
 from ..scenario import Scenario
 from ..traces import RequestSource
 from .expert_parallel import GroupExperts
+from .kvstore import KvStore
 from .network import Link
 from .prefill import PrefillInstance
 from .prefix_cache import MemoryPrefixStore, PrefixStore
@@ -75,7 +78,13 @@ class PrefillPath:
         self.slot_bytes = model.swa_slot_bytes
         cache = sc.cache
         self.store: PrefixStore | None = None
-        if cache.prefix.enabled:
+        self.kv: KvStore | None = None  # the 3FS store when the scenario has storage nodes
+        if cache.prefix.enabled and sc.pools.storage.nodes:
+            block_bytes = self.kv_per_token * self.block
+            rng = stream(sc.seed, "storage")
+            self.kv = KvStore(sc.pools.storage, source.class_names, block_bytes, rng)
+            self.store = self.kv
+        elif cache.prefix.enabled:
             cap = cache.prefix.capacity_tokens
             self.store = MemoryPrefixStore(None if cap is None else max(1, cap // self.block))
         self.enc_replay = model.swa.bounded_replay_tokens if model.replay_only_layers else 0
@@ -133,6 +142,7 @@ class PrefillPath:
         )
         self.hit_blocks: dict[int, int] = {}
         self.store_writes = 0
+        self.read_latencies: list[float] = []  # storage-side seconds of every hit read
         self.hit_tokens_total = 0
         self.input_tokens_total = 0
 
@@ -141,7 +151,8 @@ class PrefillPath:
         t, src = self.table, self.source
         n_in = int(t.input_len[rid])
         hashes = src.blocks(rid)
-        k = self.store.lookup(hashes, self.env.now) if self.store is not None else 0
+        cls = int(src.traffic_class[rid])
+        k = self.store.lookup(hashes, self.env.now, cls) if self.store is not None else 0
         k = min(k, (n_in - 1) // self.block)  # leave at least one token to compute
         hit = k * self.block
         key = int(hashes[k - 1]) if k else -1
@@ -171,9 +182,19 @@ class PrefillPath:
         if load or fetch:
             # a remote slot comes over the VLAN: charge it at the ingress link's rate ratio
             nbytes = load + fetch * self.ingress[inst].bytes_per_s / self.vlan_bw
-            self.ingress[inst].send(
-                rid, nbytes, lambda r: instance.submit(r, start, enc, int(t.dec_replay[r]))
-            )
+            link = self.ingress[inst]
+
+            def transfer(_event: object = None) -> None:
+                link.send(
+                    rid, nbytes, lambda r: instance.submit(r, start, enc, int(t.dec_replay[r]))
+                )
+
+            read_s = self.kv.read(hashes[:k], self.env.now) if self.kv is not None else 0.0
+            if read_s > 0:
+                self.read_latencies.append(read_s)
+                self.env.timeout(read_s).callbacks.append(transfer)
+            else:
+                transfer()
         else:
             instance.submit(rid, start, enc, int(t.dec_replay[rid]))
 
@@ -200,6 +221,8 @@ class PrefillPath:
     def check(self) -> list[str]:
         """Every replayed and computed token accounted for; SWA slots within host memory."""
         errs = self.swa.check() if self.swa is not None else []
+        if self.kv is not None:
+            errs.extend(self.kv.check())
         t = self.table
         if any(inst.queued for inst in self.instances) or any(link.active for link in self.ingress):
             return errs  # a run cut by its horizon: prompts are mid-prefill

@@ -16,8 +16,9 @@ import numpy as np
 
 
 class PrefixStore(Protocol):
-    def lookup(self, hashes: np.ndarray, now: float) -> int:
-        """Number of leading blocks of ``hashes`` present (refreshing them)."""
+    def lookup(self, hashes: np.ndarray, now: float, traffic_class: int = -1) -> int:
+        """Number of leading blocks of ``hashes`` present (refreshing them for a request of
+        ``traffic_class``; -1: unknown)."""
         ...
 
     def insert(self, hashes: np.ndarray, now: float, traffic_class: int) -> None:
@@ -39,7 +40,7 @@ class MemoryPrefixStore:
         self.blocks: OrderedDict[int, None] = OrderedDict()
         self.evictions = 0
 
-    def lookup(self, hashes: np.ndarray, now: float) -> int:
+    def lookup(self, hashes: np.ndarray, now: float, traffic_class: int = -1) -> int:
         blocks = self.blocks
         hit = 0
         for h in hashes.tolist():

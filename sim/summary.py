@@ -16,6 +16,7 @@ import numpy as np
 from ..models.registry import load_hardware
 from .metrics import dist_stats
 from .requests import RejectReason, State
+from .storage_sizing import scenario_gpus
 
 if TYPE_CHECKING:
     from .engine import Cluster
@@ -124,6 +125,7 @@ def _eplb(cl: Cluster) -> dict[str, Any]:
             "window_steps": policy.window_steps,
             "period_steps": policy.period_steps,
             "redundant_experts_per_gpu": live[0].shape.redundant_per_rank,
+            "steps": int(factors.size),
             "imbalance": dist_stats(factors),
             "rebalances": sum(e.rebalances for e in live),
             "moved_bytes": sum(e.moved_bytes for e in live),
@@ -137,7 +139,47 @@ def _eplb(cl: Cluster) -> dict[str, Any]:
     return {**out, **totals, "by_pool": by_pool}
 
 
-def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[str, Any]:
+def _storage(cl: Cluster, read_gbps_peak: float) -> dict[str, Any] | None:
+    """The 3FS store's traffic, retention and failures (None without storage nodes)."""
+    path = cl.path
+    kv = path.kv if path is not None else None
+    if path is None or kv is None:
+        return None
+    cfg = cl.sc.pools.storage
+    nodes = kv.nodes
+    gpus = scenario_gpus(cl.sc)
+    return {
+        "nodes": cfg.nodes,
+        "coding": f"{cfg.data_chunks}+{cfg.parity_chunks}",
+        "logical_tb": cfg.logical_bytes / 1e12,
+        "logical_tb_per_gpu": cfg.logical_bytes / 1e12 / gpus,
+        "ttl_s": {name: kv.ttl[i] for i, name in enumerate(cl.table.source.class_names)},
+        "refresh_on_read": cfg.refresh_on_read,
+        "reads": kv.reads,
+        "writes": kv.writes,
+        "read_blocks": kv.read_blocks,
+        "written_blocks": kv.written_blocks,
+        "read_bytes": nodes.read_bytes,
+        "write_bytes": nodes.write_bytes,
+        "read_gbps_peak": read_gbps_peak,
+        "read_latency_s": dist_stats(np.asarray(path.read_latencies)),
+        "blocks_held": len(kv),
+        "used_fraction": kv.used_fraction(),
+        "used_fraction_peak": kv.used_fraction_peak,
+        "evictions_gc": kv.evictions_gc,
+        "expirations": kv.expirations,
+        "node_failures": cl.counters.get("storage_node_failures", 0),
+        "degraded_reads": nodes.degraded_reads,
+        "lost_blocks": kv.lost_blocks,
+        "lost_block_misses": kv.lost_misses,
+        "writes_failed": kv.writes_failed,
+        "rebuild_bytes": nodes.rebuild_bytes,
+    }
+
+
+def summarize(
+    cl: Cluster, itl_stats: dict[str, float], wall_s: float, read_gbps_peak: float = 0.0
+) -> dict[str, Any]:
     t = cl.table
     sc = cl.sc
     states = np.bincount(t.state, minlength=len(State))
@@ -235,6 +277,7 @@ def summarize(cl: Cluster, itl_stats: dict[str, float], wall_s: float) -> dict[s
         },
         "prefill": _prefill(cl),
         "cache": _cache(cl),
+        "storage": _storage(cl, read_gbps_peak),
         "eplb": _eplb(cl),
         "cost": _cost(cl, out_s, in_s),
         "sim": {

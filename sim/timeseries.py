@@ -31,11 +31,14 @@ class TimeseriesSampler:
         self.cl = cl
         self.interval = interval_s
         self.rows: list[dict[str, float]] = []
+        self.kv = cl.path.kv if cl.path is not None else None
+        self.read_gbps_peak = 0.0
         self._prev = self._counters()
         cl.env.process(self._run())
 
     def _counters(self) -> dict[str, float]:
         cl = self.cl
+        kv = self.kv
         return {
             "t": cl.env.now,
             "prefill_busy": sum(p.busy_s for p in cl.prefill),
@@ -45,6 +48,7 @@ class TimeseriesSampler:
             "hit_tokens": cl.path.hit_tokens_total if cl.path else 0,
             "lookup_tokens": cl.path.input_tokens_total if cl.path else 0,
             "output_tokens": sum(g.tokens_out for g in cl.decode),
+            "storage_read_bytes": kv.nodes.read_bytes if kv is not None else 0.0,
             **_factor_sums("prefill", [p.experts for p in cl.prefill]),
             **_factor_sums("decode", [g.experts for g in cl.decode]),
         }
@@ -91,9 +95,24 @@ class TimeseriesSampler:
                 "decode_imbalance": self._imbalance("decode", now),
                 "prefix_hit_rate": (now["hit_tokens"] - self._prev["hit_tokens"])
                 / max(1.0, now["lookup_tokens"] - self._prev["lookup_tokens"]),
+                **self._storage(now, dt),
             }
         )
         self._prev = now
+
+    def _storage(self, now: dict[str, float], dt: float) -> dict[str, float]:
+        kv = self.kv
+        if kv is None:
+            return {}
+        kv.expire(now["t"])
+        gbps = (now["storage_read_bytes"] - self._prev["storage_read_bytes"]) / dt / 1e9
+        self.read_gbps_peak = max(self.read_gbps_peak, gbps)
+        return {
+            "storage_used_frac": kv.used_fraction(),
+            "storage_blocks": float(len(kv)),
+            "storage_read_gbps": gbps,
+            "storage_failed_nodes": float(kv.nodes.failed.sum()),
+        }
 
     def _imbalance(self, pool: str, now: dict[str, float]) -> float:
         """Mean expert-imbalance factor of the pool's steps in the interval (NaN: none ran)."""

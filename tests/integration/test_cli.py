@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -82,3 +84,53 @@ def test_schema_and_show(cli):
     assert "properties" in json.loads(res.output)
     res = cli("show", "default", "--set", "pools.decode.ep=128")
     assert res.exit_code == 0 and "ep: 128" in res.output
+
+
+def test_eplb_answers_an_ep_what_if_without_a_cluster_run(cli, tmp_path):
+    out = tmp_path / "eplb.json"
+    res = cli(
+        "eplb", "default", "--pool", "decode", "--ep", "16", "--redundant", "2",
+        "--steps", "200", "--tokens-per-request", "5", "--json", str(out),
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "decode EP16, 2 redundant/GPU" in res.output
+    data = json.loads(out.read_text())
+    assert 1.0 < data["eplb"]["imbalance"]["mean"] < data["static"]["imbalance"]["mean"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["eplb", "default", "--ep", "0"], "--ep"),
+        (["eplb", "default", "--pool", "vision"], "--pool"),
+        (["eplb", "default", "--set", "policies.eplb.load.skew=-1"], "policies.eplb.load.skew"),
+    ],
+)
+def test_eplb_bad_input_is_one_clear_error(cli, args, message):
+    res = cli(*args)
+    assert res.exit_code == 2
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_sweep_ttl_writes_a_table_and_plots(cli, tmp_path):
+    out = tmp_path / "ttl"
+    res = cli(
+        "sweep", "ttl", "default", "--ttl", "30s", "--ttl", "10m", "--ttl", "3d",
+        "--capacity-tb", "0.05", "--gpus", "1024", "--out", str(out),
+        "--set", "workload.max_requests=2000", "--set", "workload.repeat=1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "per class" in res.output and "1024 GPUs" in res.output
+    frame = pd.read_csv(out / "ttl_sweep.csv")
+    uniform = frame[(frame["policy"] == "ttl") & (frame["traffic_class"] == "all")]
+    unbounded = uniform[np.isinf(uniform["capacity_blocks"])].sort_values("ttl_s")
+    assert list(unbounded["ttl_s"]) == [30.0, 600.0, 3 * 86400.0]
+    assert unbounded["hit_rate"].is_monotonic_increasing
+    assert (unbounded["nodes_needed"] % 12 == 0).all()
+    assert (out / "ttl_hit_rate.png").exists()
+
+
+@pytest.mark.parametrize("bad", ["3x", "-1h", "soon"])
+def test_sweep_ttl_rejects_a_bad_duration(cli, bad):
+    res = cli("sweep", "ttl", "default", "--ttl", bad)
+    assert res.exit_code == 2 and "duration" in res.output and "Traceback" not in res.output

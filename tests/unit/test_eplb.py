@@ -23,7 +23,7 @@ def skewed(layers: int = 6, experts: int = 64, seed: int = 0) -> np.ndarray:
 
 def rank_loads(p: Placement, weight: np.ndarray) -> np.ndarray:
     """(L, R) load per rank: each replica carries its expert's load / replicas."""
-    layers, experts = weight.shape
+    layers = weight.shape[0]
     rows = np.arange(layers)[:, None]
     w = np.concatenate([weight, np.zeros((layers, 1))], axis=1)
     reps = np.concatenate([p.replicas, np.ones((layers, 1), np.int64)], axis=1)
@@ -32,7 +32,7 @@ def rank_loads(p: Placement, weight: np.ndarray) -> np.ndarray:
 
 
 def check_placement(p: Placement, weight: np.ndarray) -> None:
-    layers, experts = weight.shape
+    experts = weight.shape[1]
     counts = p.rank_counts(experts)
     # every rank has the same number of slots (by construction) and every one is used
     assert p.phy2log.shape[1] % p.ranks == 0

@@ -1,0 +1,116 @@
+"""The storage nodes of the KV-cache cluster: their bandwidth queues, erasure-coded reads and
+writes, failures and rebuilds.
+
+Nodes form disjoint coding groups of ``data + parity`` nodes (10 + 2 by default); a block's
+stripe has one chunk of ``block / data`` bytes on every node of its group. Each node is a FIFO
+work queue measured in seconds of its own time: a read chunk costs ``bytes / read_bw``, a write
+chunk ``bytes / write_bw``, so concurrent reads and writes share the node. A node answers
+``queue wait + service + latency`` with the latency exponential around ``node_latency_s``.
+
+- A read goes to ``data + 1`` live nodes of the group (the least busy) and completes at the
+  ``data``-th answer (an order statistic). With fewer live nodes than that (parity failed) it
+  must wait for all ``data`` survivors: a degraded read.
+- A write goes to every live node and completes at the last one.
+- A group with more than ``parity`` failed nodes has lost its stripes (the block index drops
+  them); after repair, a node of a surviving group is rebuilt: ``data`` survivors each read the
+  repaired node's share and it writes it back, occupying their queues.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..scenario import StoragePool
+
+
+class StorageNodes:
+    __slots__ = (
+        "busy",
+        "cfg",
+        "data",
+        "degraded_reads",
+        "failed",
+        "groups",
+        "latency_s",
+        "read_bytes",
+        "read_s_per_byte",
+        "rebuild_bytes",
+        "rng",
+        "width",
+        "write_bytes",
+        "write_s_per_byte",
+    )
+
+    def __init__(self, cfg: StoragePool, rng: np.random.Generator) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self.width = cfg.width
+        self.data = cfg.data_chunks
+        self.groups = cfg.nodes // cfg.width
+        self.busy = np.zeros(cfg.nodes)  # time each node's queue drains
+        self.failed = np.zeros(cfg.nodes, dtype=bool)
+        self.read_s_per_byte = 1.0 / (cfg.read_gbytes_per_s * 1e9)
+        self.write_s_per_byte = 1.0 / (cfg.write_gbytes_per_s * 1e9)
+        self.latency_s = cfg.node_latency_s
+        self.read_bytes = 0.0
+        self.write_bytes = 0.0
+        self.rebuild_bytes = 0.0
+        self.degraded_reads = 0
+
+    def members(self, group: int) -> np.ndarray:
+        return np.arange(group * self.width, (group + 1) * self.width)
+
+    def failed_in(self, group: int) -> int:
+        return int(self.failed[group * self.width : (group + 1) * self.width].sum())
+
+    def readable(self, group: int) -> bool:
+        return self.failed_in(group) <= self.cfg.parity_chunks
+
+    def _serve(self, nodes: np.ndarray, nbytes: float, s_per_byte: float, now: float) -> np.ndarray:
+        """Queue ``nbytes`` on each of ``nodes``; their answer times."""
+        start = np.maximum(self.busy[nodes], now)
+        done = start + nbytes * s_per_byte
+        self.busy[nodes] = done
+        if self.latency_s > 0:
+            done = done + self.rng.exponential(self.latency_s, nodes.size)
+        return done
+
+    def read(self, group: int, nbytes: float, now: float) -> float:
+        """Seconds until ``nbytes`` of ``group``'s stripes are decoded (group must be readable)."""
+        members = self.members(group)
+        live = members[~self.failed[members]]
+        want = self.data + 1
+        if live.size > want:
+            live = live[np.argsort(self.busy[live], kind="stable")[:want]]
+        elif live.size < want:
+            self.degraded_reads += 1
+        self.read_bytes += nbytes * live.size / self.data
+        answers = self._serve(live, nbytes / self.data, self.read_s_per_byte, now)
+        return float(np.partition(answers, self.data - 1)[self.data - 1] - now)
+
+    def write(self, group: int, nbytes: float, now: float) -> float:
+        """Seconds until every live node of ``group`` holds its chunk of ``nbytes``."""
+        members = self.members(group)
+        live = members[~self.failed[members]]
+        self.write_bytes += nbytes * live.size / self.data
+        return float(self._serve(live, nbytes / self.data, self.write_s_per_byte, now).max() - now)
+
+    def fail(self, node: int) -> None:
+        self.failed[node] = True
+
+    def repair(self, node: int, group_bytes: float, now: float) -> None:
+        """Bring ``node`` back; if its group kept its data, rebuild the node's share of it."""
+        self.failed[node] = False
+        group = node // self.width
+        share = group_bytes / self.data
+        if share <= 0 or not self.readable(group):
+            return
+        members = self.members(group)
+        sources = members[(~self.failed[members]) & (members != node)][: self.data]
+        self._serve(sources, share, self.read_s_per_byte, now)
+        self._serve(np.array([node]), share, self.write_s_per_byte, now)
+        self.rebuild_bytes += share * (sources.size + 1)
+
+    def used_time(self, now: float) -> np.ndarray:
+        """Seconds of queued work per node (0 when idle)."""
+        return np.maximum(self.busy - now, 0.0)
