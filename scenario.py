@@ -23,6 +23,7 @@ from .errors import ConfigError
 from .models.cost import RooflineParams, StepParams
 from .models.registry import bundled_dir, load_hardware, load_model, resolve
 from .models.spec import ModelSpec
+from .traces.sessions import SessionWorkload
 from .validation import FrozenModel, read_yaml, validate
 
 
@@ -381,6 +382,11 @@ class Workload(FrozenModel):
     """Where requests come from and how the trace is replayed."""
 
     trace: str = "builtin:mooncake_conversation"
+    sessions: SessionWorkload | None = Field(
+        None,
+        description="generate a multi-day chatbot/agent session workload (traces/sessions.py) "
+        "instead of reading `trace`",
+    )
     format: Literal["auto", "mooncake", "azure"] = "auto"
     traffic_class: str | None = Field(None, description="override the trace's traffic class")
     start_s: float = Field(0.0, ge=0, description="window start on the trace's own clock")

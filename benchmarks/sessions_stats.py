@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -25,13 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from deepinfer_sim.sim.ttl_sweep import ALL, ttl_sweep
 from deepinfer_sim.traces import RequestSource, read_trace
-from deepinfer_sim.traces.sessions import (
-    SessionWorkload,
-    generate_sessions,
-    hit_rate_by_class,
-    ttl_prefix_hit_tokens,
-)
+from deepinfer_sim.traces.sessions import SessionWorkload, generate_sessions
 
 DAY = 86400.0
 TRACELAB = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "tracelab_example"
@@ -155,21 +152,28 @@ def agent_generator(seed: int) -> dict[str, Any]:
     }
 
 
+def hit_rates(
+    src: RequestSource, class_ttl: dict[str, float] | None = None, measure_from_s: float = 0.0
+) -> dict[str, float]:
+    """Token-weighted hit rate per class and overall (sim/ttl_sweep.py, refresh on read)."""
+    ttl = class_ttl or {name: math.inf for name in src.class_names}
+    frame = ttl_sweep(src, [math.inf], class_ttl=ttl, measure_from_s=measure_from_s).frame
+    rows = frame[frame["policy"] == "class_ttl"].set_index("traffic_class")
+    return {
+        ("all" if name == ALL else name): float(rows.loc[name, "hit_rate"]) for name in rows.index
+    }
+
+
 def multi_day(days: float, seed: int) -> dict[str, Any]:
     src = generate_sessions(SessionWorkload(days=days), seed)
-    infinite = ttl_prefix_hit_tokens(src)
     out: dict[str, Any] = {"days": days, "requests": len(src)}
     for code, name in enumerate(src.class_names):
         mask = src.traffic_class == code
         out[f"{name}_requests"] = int(mask.sum())
         out[f"{name}_input_token_share"] = float(src.input_len[mask].sum() / src.input_len.sum())
-    out["hit_infinite"] = hit_rate_by_class(src, hits=infinite)
-    out["hit_ttl_agent3d_chatbot7d"] = hit_rate_by_class(
-        src, {"agent": 3 * DAY, "chatbot": 7 * DAY}
-    )
-    out["hit_ttl_agent3d_chatbot3d"] = hit_rate_by_class(
-        src, {"agent": 3 * DAY, "chatbot": 3 * DAY}
-    )
+    out["hit_infinite"] = hit_rates(src)
+    out["hit_ttl_agent3d_chatbot7d"] = hit_rates(src, {"agent": 3 * DAY, "chatbot": 7 * DAY})
+    out["hit_ttl_agent3d_chatbot3d"] = hit_rates(src, {"agent": 3 * DAY, "chatbot": 3 * DAY})
     return out
 
 
@@ -180,20 +184,13 @@ def steady_state_ttl(seed: int) -> dict[str, Any]:
     the smaller rate keeps memory low). Hit rates count the requests of days 7..14 only.
     """
     src = generate_sessions(SessionWorkload(days=14, sessions_per_day=8000), seed)
-    late = src.arrival_s >= 7 * DAY
-    out: dict[str, Any] = {"requests_counted": int(late.sum())}
+    out: dict[str, Any] = {"requests_counted": int((src.arrival_s >= 7 * DAY).sum())}
     for label, ttl in (
-        ("infinite", {}),
+        ("infinite", None),
         ("agent3d_chatbot7d", {"agent": 3 * DAY, "chatbot": 7 * DAY}),
         ("agent3d_chatbot3d", {"agent": 3 * DAY, "chatbot": 3 * DAY}),
     ):
-        hits = ttl_prefix_hit_tokens(src, ttl)
-        rates = {}
-        for code, name in enumerate(src.class_names):
-            mask = late & (src.traffic_class == code)
-            rates[name] = float(hits[mask].sum() / src.input_len[mask].sum())
-        rates["all"] = float(hits[late].sum() / src.input_len[late].sum())
-        out[label] = rates
+        out[label] = hit_rates(src, ttl, measure_from_s=7 * DAY)
     return out
 
 

@@ -58,6 +58,7 @@ class KvStore:
         ]
         self.lost: set[int] = set()
         self.writable = [True] * self.groups  # at most ``parity`` failed nodes
+        self._next_sweep = -np.inf
         self.reads = 0
         self.writes = 0
         self.writes_failed = 0
@@ -178,7 +179,11 @@ class KvStore:
         del self.age[group][cls][h]
 
     def expire(self, now: float) -> None:
-        """Drop every block whose TTL ran out by ``now``."""
+        """Drop every block whose TTL ran out by ``now`` (at most one sweep per second of
+        simulated time; lookups check expiry themselves)."""
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
         for group in range(self.groups):
             for cls, age in enumerate(self.age[group]):
                 deadline = now - self.ttl[cls]

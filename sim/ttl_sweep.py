@@ -283,7 +283,9 @@ class _Evaluated:
 class _Sweep:
     """Everything computed once per source; ``evaluate`` runs one family of settings."""
 
-    def __init__(self, source: RequestSource, end_s: float | None) -> None:
+    def __init__(
+        self, source: RequestSource, end_s: float | None, measure_from_s: float = -math.inf
+    ) -> None:
         self.source = source
         n = len(source)
         c = self.n_classes = len(source.class_names)
@@ -304,8 +306,12 @@ class _Sweep:
         self.span = self.end - (float(arrival[0]) if n else 0.0)
         u = len(self.times)
         codes = source.traffic_class.astype(np.int64)
-        self.input_tokens = np.bincount(codes, weights=source.input_len, minlength=c)
-        self.requests = np.bincount(codes, minlength=c)
+        # requests before measure_from_s shape the cache but are not counted
+        self.measured = arrival >= measure_from_s
+        self.measured_times = self.times >= measure_from_s
+        m = self.measured
+        self.input_tokens = np.bincount(codes[m], weights=source.input_len[m], minlength=c)
+        self.requests = np.bincount(codes[m], minlength=c)
         # references per (class, distinct time), and last touches (no later access) among them
         self.refs = np.bincount(
             codes * u + self.row_group, weights=source.n_blocks, minlength=c * u
@@ -323,6 +329,7 @@ class _Sweep:
             self.last_touches[k] -= np.bincount(r.prev_group[i], r.length[i], minlength=u)
         self.seen = np.flatnonzero(r.owner >= 0)
         self.gap_weight = r.gap * r.length  # block-seconds held between touches, when present
+        self.usable = r.usable * self.measured[r.row]
 
     # ---- occupancy (for Che's characteristic time) -------------------------------------------
     def _durations(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -403,7 +410,7 @@ class _Sweep:
         np.maximum.accumulate(key, out=key)
         key -= offset
         key += r.cls * width
-        hist = np.bincount(key, weights=r.usable, minlength=c * width).reshape(c, width)
+        hist = np.bincount(key, weights=self.usable, minlength=c * width).reshape(c, width)
         hit_blocks[:] = np.cumsum(hist, axis=1)[:, :s_count].T
         befores: dict[float, np.ndarray] = {}
         for k in range(c):
@@ -439,8 +446,11 @@ class _Sweep:
                 before[s] = befores[t]
             np.subtract(held_now, expired[np.arange(s_count)[:, None], before], out=held_now)
             total += held_now
-            peak[:, k] = held_now.max(axis=1) if u else 0.0
-        return _Evaluated(hit_blocks, resident, peak, total.max(axis=1) if u else np.zeros(s_count))
+            window = self.measured_times
+            peak[:, k] = held_now[:, window].max(axis=1) if window.any() else 0.0
+        if not self.measured_times.any():
+            return _Evaluated(hit_blocks, resident, peak, np.zeros(s_count))
+        return _Evaluated(hit_blocks, resident, peak, total[:, self.measured_times].max(axis=1))
 
 
 # ---------------------------------------------------------------------------------- public API
@@ -481,6 +491,7 @@ def ttl_sweep(
     *,
     block_bytes: float | None = None,
     end_s: float | None = None,
+    measure_from_s: float | None = None,
 ) -> TtlSweep:
     """Hit rate, prefill tokens saved and storage needed under each TTL of ``ttls_s``.
 
@@ -488,7 +499,10 @@ def ttl_sweep(
     ``source`` named) adds one point where a block's TTL is that of its last toucher's class.
     ``capacities_blocks`` adds an LRU capacity axis (crossed with the TTL grid and the
     per-class point) under Che's approximation. Residency is counted up to ``end_s`` (default:
-    the last arrival); ``block_bytes`` converts resident blocks to bytes.
+    the last arrival); ``block_bytes`` converts resident blocks to bytes. With
+    ``measure_from_s``, requests arriving earlier warm the cache but are not counted (hit rate,
+    requests, input tokens) and the peak is taken from that time on (the steady state of a
+    multi-day trace); the mean residency still covers the whole trace.
     """
     ttls = _check_ttls(ttls_s, "ttls_s")
     caps = [math.inf]
@@ -507,7 +521,7 @@ def ttl_sweep(
                 f"unknown {sorted(unknown)}, missing {missing}"
             )
         per_class = _check_ttls([class_ttl[n] for n in names], "class_ttl")
-    sweep = _Sweep(source, end_s)
+    sweep = _Sweep(source, end_s, -math.inf if measure_from_s is None else measure_from_s)
     c = len(names)
     grid = np.unique(ttls)  # sorted: a valid family
     back = np.searchsorted(grid, ttls)

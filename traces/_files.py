@@ -8,16 +8,24 @@ name, so ``trace.jsonl`` that is really gzip-compressed still reads.
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import re
 import zlib
 from pathlib import Path
 
 from deepinfer_sim.errors import TraceError
 
-__all__ = ["FORMATS", "read_bytes", "sniff_format"]
+__all__ = ["FORMATS", "SERVEGEN", "read_bytes", "sniff_format"]
 
-FORMATS = ("mooncake", "azure")
-"""Trace formats :func:`deepinfer_sim.traces.read_trace` accepts."""
+FORMATS = ("mooncake", "azure", "burstgpt", "qwen", "vidur", "tracelab", "parquet")
+"""Trace formats :func:`deepinfer_sim.traces.read_trace` accepts (the last five are read by
+:mod:`deepinfer_sim.traces.formats`)."""
+
+SERVEGEN = "servegen"
+"""What :func:`sniff_format` says for ServeGen rate/length files, which hold no requests."""
+
+_SERVEGEN_RATE_ROW = re.compile(rb"^\d+(\.\d*)?,[^,]*,[^,]*,(Gamma|Weibull|Exponential)?,")
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -42,19 +50,71 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
     return data
 
 
+def _head(path: str | os.PathLike[str], size: int = 1 << 16) -> bytes:
+    """The first ``size`` bytes (decompressed when gzip); empty when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(size)
+            if not data.startswith(_GZIP_MAGIC):
+                return data
+        with gzip.open(path, "rb") as g:
+            return g.read(size)
+    except (OSError, EOFError, zlib.error):
+        return b""
+
+
+def _sniff_json(head: bytes) -> str:
+    """Mooncake unless the first object has the Qwen-Bailian or TraceLab fields."""
+    try:
+        first = json.loads(head.split(b"\n", 1)[0])
+    except ValueError:
+        first = None
+    if isinstance(first, dict):
+        if "chat_id" in first or "parent_chat_id" in first:
+            return "qwen"
+        if "input_tokens_total" in first or "round_index" in first:
+            return "tracelab"
+    elif re.match(rb'\{\s*"\d+"\s*:\s*\{\s*"(text|image|audio|video|output)_', head):
+        return SERVEGEN  # chunk-*-dataset.json: {window: {field: PMF}}
+    return "mooncake"
+
+
+def _sniff_csv(head: bytes) -> str:
+    """Azure unless the header names another format's columns (or it is a ServeGen rate file)."""
+    line = head.split(b"\n", 1)[0].strip()
+    header = line.lower()
+    if b"request tokens" in header and b"response tokens" in header:
+        return "burstgpt"
+    if b"arrived_at" in header:
+        return "vidur"
+    if _SERVEGEN_RATE_ROW.match(line):
+        return SERVEGEN
+    return "azure"
+
+
 def sniff_format(path: str | os.PathLike[str]) -> str:
-    """Guess the trace format from the file name, else from the first line of content."""
+    """Guess the trace format from the file name and its first line.
+
+    ``.jsonl``/``.json``/``.ndjson`` (or a first line starting with ``{``) is Mooncake unless
+    the first object has Qwen-Bailian or TraceLab fields; ``.csv`` (or a first line starting
+    with ``TIMESTAMP``) is Azure unless the header is BurstGPT's or Vidur's; ``.parquet`` (or
+    parquet's magic bytes) is the native format. ServeGen rate and length files come back as
+    :data:`SERVEGEN`, which no reader accepts.
+    """
     file = str(path)
     name = Path(path).name.lower().removesuffix(".gz")
-    if name.endswith((".jsonl", ".json", ".ndjson")):
-        return "mooncake"
-    if name.endswith(".csv"):
-        return "azure"
-    first = read_bytes(path).lstrip()[:200]
-    if first.startswith(b"{"):
-        return "mooncake"
-    if first.upper().startswith(b"TIMESTAMP"):
-        return "azure"
+    if name.endswith(".parquet"):
+        return "parquet"
+    head = _head(path)
+    first = head.lstrip()[:200]
+    if name.endswith((".jsonl", ".json", ".ndjson")) or first.startswith(b"{"):
+        return _sniff_json(head.lstrip())
+    if name.endswith(".csv") or first.upper().startswith(b"TIMESTAMP"):
+        return _sniff_csv(head.lstrip())
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if not head:
+        read_bytes(path)  # says why when the file is missing or unreadable
     raise TraceError(
         file,
         "cannot tell the trace format from the name or content; "

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from deepinfer_sim.errors import TraceError
-from deepinfer_sim.traces._files import FORMATS, read_bytes, sniff_format
+from deepinfer_sim.traces._files import FORMATS, SERVEGEN, read_bytes, sniff_format
 from deepinfer_sim.traces.builtin import resolve_trace_path
 from deepinfer_sim.traces.source import RequestSource
 
@@ -270,9 +270,10 @@ def read_trace(
 ) -> RequestSource:
     """Read a trace file or a shipped one (``"builtin:NAME"``).
 
-    ``format`` is ``"mooncake"`` or ``"azure"``; when omitted it comes from the builtin table,
-    else from the file name (``.jsonl``/``.json`` vs ``.csv``, with or without ``.gz``), else
-    from the first line. ``traffic_class`` defaults to the builtin's class, else ``"chatbot"``.
+    ``format`` is one of :data:`FORMATS` (``"mooncake"``, ``"azure"``, or one read by
+    :mod:`deepinfer_sim.traces.formats`); when omitted it comes from the builtin table, else
+    from the file name and first line (see :func:`sniff_format`). ``traffic_class`` defaults to
+    the builtin's class, else the format's default (``"chatbot"`` for most).
     """
     resolved, builtin_format, builtin_class = resolve_trace_path(path)
     fmt = format if format is not None else builtin_format
@@ -283,6 +284,10 @@ def read_trace(
         source = read_mooncake(resolved, traffic_class=cls)
     elif fmt == "azure":
         source = read_azure(resolved, traffic_class=cls)
+    elif fmt in FORMATS or fmt == SERVEGEN:
+        from deepinfer_sim.traces.formats import read_format  # imports this module
+
+        source = read_format(resolved, fmt, traffic_class=traffic_class or builtin_class)
     else:
         raise TraceError(str(path), f"unknown trace format {fmt!r}; accepted: {', '.join(FORMATS)}")
     if builtin_format is not None:

@@ -54,7 +54,6 @@ steady state (the article measured 0.5-1 %).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -75,8 +74,6 @@ __all__ = [
     "SessionWorkload",
     "diurnal_rate",
     "generate_sessions",
-    "hit_rate_by_class",
-    "ttl_prefix_hit_tokens",
 ]
 
 DAY_S = 86400.0
@@ -647,61 +644,3 @@ def generate_sessions(cfg: SessionWorkload, seed: int) -> RequestSource:
         session_id=turns.session[order],
         name=cfg.name,
     )
-
-
-def ttl_prefix_hit_tokens(
-    source: RequestSource, ttl_s: float | Mapping[str, float] = math.inf
-) -> npt.NDArray[np.int64]:
-    """Per request, the prompt tokens an unbounded cache with a TTL would serve.
-
-    A block hits when the same id was referenced by an earlier request at most ``ttl_s``
-    seconds before (every reference, read or write, restarts the TTL: the simulator's store
-    with ``refresh_on_read``), and every block before it in the request hit too. ``ttl_s`` is
-    one value or one per class name (the class of the referencing request; unnamed classes
-    never expire). With ``ttl_s = inf`` this equals ``source.prefix_hit_tokens()``.
-    """
-    hashes = source.block_hashes
-    n = len(source)
-    if len(hashes) == 0:
-        return np.zeros(n, dtype=np.int64)
-    if isinstance(ttl_s, Mapping):
-        ttl_class = np.array([float(ttl_s.get(c, math.inf)) for c in source.class_names])
-    else:
-        ttl_class = np.full(len(source.class_names), float(ttl_s))
-    n_blocks = source.n_blocks
-    row = np.repeat(np.arange(n, dtype=np.int64), n_blocks)
-    t = source.arrival_s[row]
-    order = np.argsort(hashes, kind="stable")  # by id, then by row (refs are in row order)
-    hs = hashes[order]
-    same = np.zeros(len(hs), dtype=bool)
-    same[1:] = hs[1:] == hs[:-1]
-    prev_t = np.full(len(hs), -np.inf)
-    prev_t[1:] = t[order][:-1]
-    ttl = ttl_class[source.traffic_class[row]]
-    fresh = np.zeros(len(hs), dtype=bool)
-    fresh[order] = same & (t[order] - prev_t <= ttl[order])
-    misses = np.cumsum(~fresh)
-    misses_before_row = np.concatenate([[0], misses])[source.block_offsets[:-1]]
-    hit = (misses - np.repeat(misses_before_row, n_blocks)) == 0
-    tokens = np.full(len(hashes), source.block_tokens, dtype=np.int64)
-    last = source.block_offsets[1:] - 1
-    tokens[last] = source.input_len - source.block_tokens * (n_blocks - 1)
-    return np.bincount(row, weights=np.where(hit, tokens, 0), minlength=n).astype(np.int64)
-
-
-def hit_rate_by_class(
-    source: RequestSource,
-    ttl_s: float | Mapping[str, float] = math.inf,
-    hits: npt.NDArray[np.int64] | None = None,
-) -> dict[str, float]:
-    """Token-weighted prefix hit rate per class and ``"all"`` (see ttl_prefix_hit_tokens)."""
-    if hits is None:
-        hits = ttl_prefix_hit_tokens(source, ttl_s)
-    out: dict[str, float] = {}
-    for code, name in enumerate(source.class_names):
-        mask = source.traffic_class == code
-        total = int(source.input_len[mask].sum())
-        out[name] = int(hits[mask].sum()) / total if total else math.nan
-    total = int(source.input_len.sum())
-    out["all"] = int(hits.sum()) / total if total else math.nan
-    return out

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..rng import stream
 from .readers import read_trace
+from .sessions import generate_sessions
 from .source import RequestSource
 from .transform import spread_buckets
 
@@ -28,9 +29,12 @@ def tile(source: RequestSource, copies: int, span_s: float) -> RequestSource:
 
 
 def build_source(cfg: Workload, seed: int) -> RequestSource:
-    fmt = None if cfg.format == "auto" else cfg.format
-    src = read_trace(cfg.trace, format=fmt, traffic_class=cfg.traffic_class)
-    if cfg.spread.method != "none" and cfg.spread.window_s > 0:
+    if cfg.sessions is not None:
+        src = generate_sessions(cfg.sessions, seed)
+    else:
+        fmt = None if cfg.format == "auto" else cfg.format
+        src = read_trace(cfg.trace, format=fmt, traffic_class=cfg.traffic_class)
+    if cfg.sessions is None and cfg.spread.method != "none" and cfg.spread.window_s > 0:
         src = spread_buckets(src, cfg.spread.window_s, cfg.spread.method, stream(seed, "workload"))
     end = cfg.end_s if cfg.end_s is not None else math.inf
     if cfg.start_s > 0 or math.isfinite(end):

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from deepinfer_sim.sim.ttl_sweep import ALL, ttl_sweep
 from deepinfer_sim.traces import RequestSource
 from deepinfer_sim.traces.sessions import (
     DEFAULT_AGENT,
@@ -26,8 +27,6 @@ from deepinfer_sim.traces.sessions import (
     SessionWorkload,
     diurnal_rate,
     generate_sessions,
-    hit_rate_by_class,
-    ttl_prefix_hit_tokens,
 )
 
 DAY = 86400.0
@@ -255,25 +254,24 @@ def test_chatbots_return_after_days_and_agents_rarely() -> None:
     assert session_gaps(src, 0).max() <= 3600 + 2000 / 40
 
 
-def test_ttl_hits_match_the_infinite_cache_and_shrink_with_the_ttl() -> None:
+def test_agents_reuse_more_than_chatbots_and_ttls_cut_hits() -> None:
     src = generate_sessions(small(days=5, sessions_per_day=100), 12)
-    infinite = ttl_prefix_hit_tokens(src)
-    assert np.array_equal(infinite, src.prefix_hit_tokens())
-    week = ttl_prefix_hit_tokens(src, {"chatbot": 7 * DAY, "agent": 3 * DAY})
-    short = ttl_prefix_hit_tokens(src, 3600.0)
-    assert np.all(short <= week) and np.all(week <= infinite)
-    assert short.sum() < infinite.sum()
-    assert ttl_prefix_hit_tokens(src, 0.0).sum() == 0
-    rates = hit_rate_by_class(src)
+    week = {"chatbot": 7 * DAY, "agent": 3 * DAY}
+    frame = ttl_sweep(src, [0.0, 3600.0, math.inf], class_ttl=week).frame
+    uniform = frame[frame["policy"] == "ttl"].set_index(["ttl_s", "traffic_class"])["hit_tokens"]
+    per_class = frame[frame["policy"] == "class_ttl"].set_index("traffic_class")["hit_tokens"]
+    assert uniform[(0.0, ALL)] == 0
+    assert uniform[(3600.0, ALL)] < per_class[ALL] <= uniform[(math.inf, ALL)]
+    rates = frame[frame["ttl_s"] == math.inf].set_index("traffic_class")["hit_rate"]
     assert 0 < rates["chatbot"] < rates["agent"] < 1
-    assert rates["chatbot"] < rates["all"] < rates["agent"]
+    assert rates["chatbot"] < rates[ALL] < rates["agent"]
 
 
 def test_an_empty_workload_is_a_valid_empty_source() -> None:
     src = generate_sessions(small(days=0.001, sessions_per_day=1.0), 0)
     assert len(src) == 0
     src.validate()
-    assert math.isnan(hit_rate_by_class(src)["all"])
+    assert int(src.prefix_hit_tokens().sum()) == 0
 
 
 @pytest.mark.parametrize(

@@ -31,8 +31,10 @@ BT = 16  # small blocks keep synthetic prompts short
 class ReferenceTtlStore:
     """Block-by-block TTL store: the semantics the sweep reproduces."""
 
-    def __init__(self, source: RequestSource, ttl: Sequence[float]) -> None:
-        self.source, self.ttl = source, list(ttl)
+    def __init__(
+        self, source: RequestSource, ttl: Sequence[float], measure_from: float = -math.inf
+    ) -> None:
+        self.source, self.ttl, self.measure_from = source, list(ttl), measure_from
         c = len(source.class_names)
         self.blocks: dict[int, tuple[float, int]] = {}
         self.hit_tokens = [0] * c
@@ -56,13 +58,15 @@ class ReferenceTtlStore:
                     break
                 k += 1
             k = min(k, (int(src.input_len[i]) - 1) // src.block_tokens)
-            self.hit_tokens[cls] += k * src.block_tokens
+            if now >= self.measure_from:
+                self.hit_tokens[cls] += k * src.block_tokens
             for h in hashes:  # refresh the hits, write the rest: all touched at arrival
                 old = self.blocks.get(h)
                 if old is not None:
                     self.resident_time[old[1]] += min(now - old[0], self.ttl[old[1]])
                 self.blocks[h] = (now, cls)
-            if i + 1 == len(arrival) or arrival[i + 1] != now:  # all requests at `now` done
+            last_at_now = i + 1 == len(arrival) or arrival[i + 1] != now
+            if last_at_now and now >= self.measure_from:  # all requests at `now` done
                 held = [0] * len(self.ttl)
                 for h, (_, owner) in self.blocks.items():
                     held[owner] += self.present(h, now)
@@ -463,3 +467,20 @@ def test_plots_are_written(tmp_path, mooncake):
         "ttl_storage.png",
     ]
     assert all(p.stat().st_size > 1000 for p in paths)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_measure_from_counts_later_requests_with_earlier_ones_warming_the_cache(seed):
+    src = chained_source(300, seed=seed)
+    t0 = float(src.arrival_s[len(src) // 2])
+    for ttl in (5.0, math.inf):
+        frame = ttl_sweep(src, [ttl], measure_from_s=t0).frame
+        ref = ReferenceTtlStore(src, [ttl, ttl], measure_from=t0).run()
+        rows = frame[frame["policy"] == "ttl"].set_index("traffic_class")
+        later = src.arrival_s >= t0
+        assert rows.loc[ALL, "requests"] == int(later.sum())
+        assert rows.loc[ALL, "input_tokens"] == int(src.input_len[later].sum())
+        for k, name in enumerate(src.class_names):
+            assert rows.loc[name, "hit_tokens"] == ref.hit_tokens[k]
+            assert rows.loc[name, "peak_resident_blocks"] == ref.peak[k]
+        assert rows.loc[ALL, "peak_resident_blocks"] == ref.peak_total
