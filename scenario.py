@@ -23,6 +23,7 @@ from .errors import ConfigError
 from .models.cost import RooflineParams, StepParams
 from .models.registry import bundled_dir, load_hardware, load_model, resolve
 from .models.spec import ModelSpec
+from .traces.multimodal import MultimodalWorkload
 from .traces.sessions import SessionWorkload
 from .validation import FrozenModel, read_yaml, validate
 
@@ -386,6 +387,9 @@ class Workload(FrozenModel):
         None,
         description="generate a multi-day chatbot/agent session workload (traces/sessions.py) "
         "instead of reading `trace`",
+    )
+    multimodal: MultimodalWorkload | None = Field(
+        None, description="mix in image requests drawn from the ServeGen mm-image distributions"
     )
     format: Literal["auto", "mooncake", "azure"] = "auto"
     traffic_class: str | None = Field(None, description="override the trace's traffic class")

@@ -80,8 +80,9 @@ def main() -> None:
         )
     for name, r in drivers.items():
         c = r["cost"]
-        print(f"{name}: chatbot −{c['chatbot_hit_points']:.2f} pt, all −{c['all_hit_points']:.2f} pt,"
-              f" storage −{100 * c['storage_saved_fraction']:.1f} %")  # fmt: skip
+        print(f"{name}: chatbot −{c['chatbot_hit_points']:.2f} pt, "
+              f"all −{c['all_hit_points']:.2f} pt, "
+              f"storage −{100 * c['storage_saved_fraction']:.1f} %")  # fmt: skip
     result["drivers"] = drivers
     result["wall_s"] = time.perf_counter() - t0
     OUT.write_text(json.dumps(result, indent=1) + "\n")

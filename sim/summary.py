@@ -177,6 +177,26 @@ def _storage(cl: Cluster, read_gbps_peak: float) -> dict[str, Any] | None:
     }
 
 
+def _vision(cl: Cluster, makespan: float) -> dict[str, Any] | None:
+    """The VE stage: images encoded, time in the stage (queue + encode), encode time alone."""
+    if not cl.vision:
+        return None
+    t = cl.table
+    encoded = np.isfinite(t.t_vision_done)
+    per_image = cl.vision[0].seconds_per_image
+    images = t.source.image_count[encoded].astype(float)
+    return {
+        "instances": len(cl.vision),
+        "hardware": cl.sc.pools.vision.hardware,
+        "requests": int(encoded.sum()),
+        "images": int(sum(v.encoded for v in cl.vision)),
+        "seconds_per_image": per_image,
+        "encode_s": dist_stats(images * per_image),
+        "stage_s": dist_stats((t.t_vision_done - t.arrival)[encoded]),
+        "ve_utilization": sum(v.busy_s for v in cl.vision) / (makespan * len(cl.vision)),
+    }
+
+
 def summarize(
     cl: Cluster, itl_stats: dict[str, float], wall_s: float, read_gbps_peak: float = 0.0
 ) -> dict[str, Any]:
@@ -275,6 +295,7 @@ def summarize(
             "link_cuts": cl.counters.get("link_cuts", 0),
             "rerouted": cl.counters.get("rerouted_transfers", 0),
         },
+        "vision": _vision(cl, makespan),
         "prefill": _prefill(cl),
         "cache": _cache(cl),
         "storage": _storage(cl, read_gbps_peak),

@@ -737,7 +737,7 @@ def read_parquet(path: str | os.PathLike[str], traffic_class: str | None = None)
     if values.null_count:
         raise TraceError(file, "column 'block_hashes': null block ids")
     offsets = np.asarray(col.offsets, dtype=np.int64)
-    offsets -= offsets[0]
+    offsets = offsets - offsets[0]
     if traffic_class is not None:
         class_names = (traffic_class,)
         columns["traffic_class"] = np.zeros(len(table), dtype=np.int8)

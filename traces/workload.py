@@ -1,8 +1,9 @@
 """Build the RequestSource a scenario's ``workload`` section describes.
 
-Order of operations: read the trace -> spread bucketed timestamps -> cut the time window (on
-the trace's own clock) -> keep the first ``max_requests`` -> tile ``repeat`` copies end to end
-(each copy's block ids renamed, so copies share no prefix) -> scale the arrival rate.
+Order of operations: read the trace (or generate multi-day sessions) -> spread bucketed
+timestamps -> cut the time window (on the trace's own clock) -> keep the first ``max_requests``
+-> tile ``repeat`` copies end to end (each copy's block ids renamed, so copies share no prefix)
+-> scale the arrival rate -> mix in multimodal requests over the same span.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from ..rng import stream
+from .multimodal import generate_multimodal
 from .readers import read_trace
 from .sessions import generate_sessions
 from .source import RequestSource
@@ -47,4 +49,8 @@ def build_source(cfg: Workload, seed: int) -> RequestSource:
         src = tile(src, cfg.repeat, span)
     if cfg.rate_scale != 1.0:
         src = src.scale_rate(cfg.rate_scale)
+    if cfg.multimodal is not None:
+        span = float(src.arrival_s[-1]) if len(src) else 0.0
+        images = generate_multimodal(cfg.multimodal, span, seed, src.block_tokens)
+        src = RequestSource.merge(src, images, name=f"{src.name}+{images.name}")
     return src
