@@ -271,6 +271,62 @@ def _print_eplb(res: dict[str, Any]) -> None:
     _console().print(t)
 
 
+@main.command()
+@click.argument("config", default="default")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Shapes simulated in parallel processes.")  # fmt: skip
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output folder.")
+@click.option(
+    "--what-if", "what_ifs", multiple=True, metavar="KEY=VALUE",
+    help="Re-plan with this change too and report the delta (repeatable; e.g. "
+    "planner.traffic_scale=2, pools.storage.ttl_s.chatbot=259200, network.placement=cross_dc).",
+)  # fmt: skip
+@_overrides
+def plan(
+    config: str,
+    workers: int,
+    out_dir: str | None,
+    what_ifs: tuple[str, ...],
+    overrides: tuple[str, ...],
+) -> None:
+    """The cheapest deployment of CONFIG's model that serves its workload within the SLOs.
+
+    Searches the shapes in the scenario's `planner` section (prefill EP and instances per decode
+    group, decode EP); for each, bisection on load finds the rate one unit sustains, then
+    replicas cover the target rate. See docs/planner.md.
+    """
+    from .planner.plan import plan as run_plan
+    from .planner.plan_report import print_plan, write_plan
+    from .scenario import load_scenario
+
+    sc = load_scenario(config, list(overrides))
+    if what_ifs:
+        load_scenario(config, [*overrides, *what_ifs])  # a bad what-if fails before any run
+    out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan"
+    con = _console()
+    base = run_plan(config, list(overrides), workers, progress=_plan_progress(con))
+    write_plan(base, out / "plan")
+    print_plan(con, base, "plan")
+    if what_ifs:
+        changed = run_plan(config, [*overrides, *what_ifs], workers, _plan_progress(con))
+        write_plan(changed, out / "what_if", base)
+        print_plan(con, changed, "what if " + ", ".join(what_ifs), base)
+    con.print(f"results in {out}")
+
+
+def _plan_progress(con: Any) -> Callable[[Any], None]:
+    def show(r: Any) -> None:
+        if r.status == "pruned":
+            con.print(f"  {r.shape.label}: pruned (bound {r.bound_rps:.1f} req/s)")
+        else:
+            con.print(
+                f"  {r.shape.label}: {r.status}, sustains {r.sustainable_rps:.1f} req/s"
+                + (f" — {r.error}" if r.error else "")
+            )
+
+    return show
+
+
 class _Duration(click.ParamType):
     """Seconds, or a number with a unit: 90s, 15m, 4h, 3d."""
 
@@ -410,3 +466,12 @@ def derive_profile(measured: str, targets: str, name: str, out_file: str) -> Non
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+def _register() -> None:
+    from .cli_trace import trace
+
+    main.add_command(trace)
+
+
+_register()

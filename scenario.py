@@ -391,7 +391,9 @@ class Workload(FrozenModel):
     multimodal: MultimodalWorkload | None = Field(
         None, description="mix in image requests drawn from the ServeGen mm-image distributions"
     )
-    format: Literal["auto", "mooncake", "azure"] = "auto"
+    format: Literal[
+        "auto", "mooncake", "azure", "burstgpt", "qwen", "vidur", "tracelab", "parquet"
+    ] = "auto"
     traffic_class: str | None = Field(None, description="override the trace's traffic class")
     start_s: float = Field(0.0, ge=0, description="window start on the trace's own clock")
     end_s: float | None = Field(None, gt=0, description="window end on the trace's own clock")
@@ -444,8 +446,35 @@ class Cache(FrozenModel):
 
 
 class Slo(FrozenModel):
+    """Goodput counts a request meeting both; the planner holds the p99s to them."""
+
     ttft_s: float = Field(5.0, gt=0)
     tpot_s: float = Field(0.05, gt=0)
+    min_user_tok_s: float | None = Field(
+        None, gt=0, description="planner: minimum per-user output tokens/s (1 / p99 TPOT)"
+    )
+
+
+class Planner(FrozenModel):
+    """The deployment shapes ``deepinfer-sim plan`` searches and how it probes each one."""
+
+    target_rate_rps: float | None = Field(
+        None, gt=0, description="request rate to serve (default: the workload's mean rate)"
+    )
+    traffic_scale: float = Field(1.0, gt=0, description="multiply the target rate (what-ifs)")
+    prefill_ep: tuple[int, ...] = Field((4, 8), min_length=1)
+    prefill_instances: tuple[int, ...] = Field(
+        (4, 8, 12, 16, 24, 32), min_length=1, description="prefill instances per decode group"
+    )
+    decode_ep: tuple[int, ...] = Field((64, 128), min_length=1)
+    probe_seconds: float = Field(
+        120.0, gt=0, description="arrival span of each load probe (queues must have time to grow)"
+    )
+    probe_min_requests: int = Field(1000, ge=50, description="requests per probe at least")
+    bisection_steps: int = Field(5, ge=2, le=20, description="load probes per shape")
+    headroom: float = Field(
+        0.85, gt=0, le=1, description="run each replica at this share of its sustainable rate"
+    )
 
 
 class Revenue(FrozenModel):
@@ -507,6 +536,7 @@ class Scenario(FrozenModel):
     cache: Cache = Cache()
     workload: Workload = Workload()
     slo: Slo = Slo()
+    planner: Planner = Planner()
     prices: Prices = Prices()
     cost_model: CostModel = CostModel()
     sim: SimSettings = SimSettings()

@@ -1,0 +1,32 @@
+"""The capacity planner: sweeps over scenario variants and what-if reports.
+
+- :func:`load_grid` reads a grid file (``cartesian`` or ``one_at_a_time`` over dotted scenario
+  keys) into :class:`GridPoint`\\ s, each checked against the scenario before anything runs.
+- :func:`run_sweep` runs every point as a full simulation (worker processes or Ray), keeps one
+  JSON record per finished point so an interrupted sweep resumes, and returns the sweep table.
+- :func:`render_report` turns one or more run folders into one self-contained HTML page.
+
+::
+
+    from deepinfer_sim.planner import load_grid, run_sweep, render_report
+    points = load_grid("grid.yaml", "default")
+    table = run_sweep("default", points, "runs/grid", workers=2)
+    render_report(["runs/grid/runs/" + pid for pid in table["point_id"][:2]], "compare.html")
+"""
+
+from .grid import GridPoint, GridSpec, expand, load_grid, point_id, read_grid
+from .report import render_report
+from .sweep import build_table, flatten, run_sweep
+
+__all__ = [
+    "GridPoint",
+    "GridSpec",
+    "build_table",
+    "expand",
+    "flatten",
+    "load_grid",
+    "point_id",
+    "read_grid",
+    "render_report",
+    "run_sweep",
+]

@@ -8,7 +8,6 @@ name, so ``trace.jsonl`` that is really gzip-compressed still reads.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import re
 import zlib
@@ -64,17 +63,16 @@ def _head(path: str | os.PathLike[str], size: int = 1 << 16) -> bytes:
 
 
 def _sniff_json(head: bytes) -> str:
-    """Mooncake unless the first object has the Qwen-Bailian or TraceLab fields."""
-    try:
-        first = json.loads(head.split(b"\n", 1)[0])
-    except ValueError:
-        first = None
-    if isinstance(first, dict):
-        if "chat_id" in first or "parent_chat_id" in first:
-            return "qwen"
-        if "input_tokens_total" in first or "round_index" in first:
-            return "tracelab"
-    elif re.match(rb'\{\s*"\d+"\s*:\s*\{\s*"(text|image|audio|video|output)_', head):
+    """Mooncake unless the first object has the Qwen-Bailian or TraceLab keys.
+
+    Keys are looked for in the text of the first line, which may be cut short by ``head``.
+    """
+    line = head.split(b"\n", 1)[0]
+    if re.search(rb'"(chat_id|parent_chat_id)"\s*:', line):
+        return "qwen"
+    if re.search(rb'"(input_tokens_total|round_index)"\s*:', line):
+        return "tracelab"
+    if re.match(rb'\{\s*"\d+"\s*:\s*\{\s*"(text|image|audio|video|output)_', head):
         return SERVEGEN  # chunk-*-dataset.json: {window: {field: PMF}}
     return "mooncake"
 

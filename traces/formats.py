@@ -372,10 +372,10 @@ def read_qwen(
 
     - ``arrival_s`` is ``timestamp`` unchanged (seconds from trace start).
     - ``hash_ids`` become the block ids with ``block_tokens = 16``; a row needs
-      ``ceil(input_length / 16)`` of them. When the ids are already chained (every id always
-      follows the same id, and only ever starts a request if it starts all its requests) they
-      are kept as they are; otherwise each is replaced by a chained id, so that two requests
-      share block ``p`` only when they agree on blocks ``0..p`` (the prefix-cache rule).
+      ``ceil(input_length / 16)`` of them. When the ids are already chained (each id always
+      follows the same id, or always starts its request) they are kept as they are;
+      otherwise each is replaced by a chained id, so that two requests share block ``p`` only
+      when they agree on blocks ``0..p`` (the prefix-cache rule).
     - ``session_id`` is the root ``chat_id`` of the request's chain of ``parent_chat_id``
       links; a parent that is not in the file is taken as the root. A cycle, or one
       ``chat_id`` given two different parents, is a ``TraceError``.

@@ -134,3 +134,33 @@ def test_sweep_ttl_writes_a_table_and_plots(cli, tmp_path):
 def test_sweep_ttl_rejects_a_bad_duration(cli, bad):
     res = cli("sweep", "ttl", "default", "--ttl", bad)
     assert res.exit_code == 2 and "duration" in res.output and "Traceback" not in res.output
+
+
+def test_plan_recommends_a_deployment_and_writes_its_files(cli, tmp_path):
+    import yaml
+
+    from conftest import tiny_dict
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict()))
+    out = tmp_path / "plan"
+    res = cli(
+        "plan", str(config), "--out", str(out),
+        "--set", "planner.prefill_ep=[2]", "--set", "planner.prefill_instances=[1, 2]",
+        "--set", "planner.decode_ep=[8]", "--set", "planner.bisection_steps=2",
+        "--set", "planner.probe_seconds=20", "--set", "planner.probe_min_requests=100",
+        "--what-if", "planner.traffic_scale=2",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "recommended:" in res.output and "delta vs base" in res.output
+    doc = json.loads((out / "plan" / "plan.json").read_text())
+    assert doc["recommended"]["replicas"] >= 1 and doc["why"]
+    assert (out / "plan" / "frontier.png").exists() and (out / "plan" / "shapes.csv").exists()
+    what_if = json.loads((out / "what_if" / "plan.json").read_text())
+    assert what_if["target_rps"] == pytest.approx(2 * doc["target_rps"])
+    assert what_if["delta"]["usd_h"] >= 0
+
+
+def test_plan_rejects_a_bad_what_if_before_running(cli):
+    res = cli("plan", "default", "--what-if", "pools.decode.epp=3")
+    assert res.exit_code == 2 and "pools.decode.epp" in res.output

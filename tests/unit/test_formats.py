@@ -321,7 +321,7 @@ def test_a_qwen_parent_cycle_is_an_error(tmp_path):
 
 
 @st.composite
-def qwen_sessions(draw):
+def qwen_sessions(draw: Any) -> list[dict[str, Any]]:
     """Rows whose hash lists extend an earlier row's prefix (so ids are chained)."""
     n = draw(st.integers(1, 25))
     rows: list[dict[str, Any]] = []

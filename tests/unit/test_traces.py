@@ -411,8 +411,8 @@ def test_read_trace_reports_missing_files_and_unknown_formats(tmp_path):
     with pytest.raises(TraceError, match="mooncake, azure") as info:
         read_trace(odd)
     assert str(odd) in str(info.value)
-    with pytest.raises(TraceError, match="unknown trace format 'parquet'"):
-        read_trace(odd, format="parquet")
+    with pytest.raises(TraceError, match="unknown trace format 'nosuch'"):
+        read_trace(odd, format="nosuch")
 
 
 # ------------------------------------------------------------------------ RequestSource

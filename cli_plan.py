@@ -1,0 +1,205 @@
+"""Planner commands: ``deepinfer-sim sweep grid`` and ``deepinfer-sim report``.
+
+Thin shells over :mod:`deepinfer_sim.planner`. They are registered on the main group in
+``cli.py``; they also stand alone (tests invoke them directly), so they turn a UserError into the
+same one ``error:`` line and exit status 2 themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from .errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _CliError(click.ClickException):
+    """One ``error:`` line on stderr, exit status 2 (as cli.py's group does for UserError)."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _user_errors(f: F) -> F:
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return f(*args, **kwargs)
+        except UserError as exc:
+            raise _CliError(" ".join(str(exc).split())) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _overrides(f: F) -> F:
+    return click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override a config value for every point, e.g. --set workload.max_requests=2000 "
+        "(repeatable).",
+    )(f)
+
+
+@click.command("grid")
+@click.argument("config")
+@click.option(
+    "--grid",
+    "grid_file",
+    required=True,
+    metavar="GRID.yaml",
+    help="Grid file: {mode: cartesian|one_at_a_time, base: {...}, axes: {dotted.key: [...]}}.",
+)
+@click.option(
+    "--workers", type=click.IntRange(1), default=1, show_default=True, help="Points at a time."
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: worker processes; ray: Ray tasks (needs the `ray` extra).",
+)
+@click.option(
+    "--address",
+    default=None,
+    metavar="ADDR",
+    help="Ray cluster address (default: start a local Ray with --workers CPUs).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Output folder (default runs/<scenario>-<grid name>).",
+)
+@_overrides
+@click.option("--plots", is_flag=True, help="Write each point's PNG plots (off for speed).")
+@_user_errors
+def sweep_grid(
+    config: str,
+    grid_file: str,
+    workers: int,
+    executor: str,
+    address: str | None,
+    out_dir: str | None,
+    overrides: tuple[str, ...],
+    plots: bool,
+) -> None:
+    """Run CONFIG once per point of a grid of overrides and tabulate the results.
+
+    Writes DIR/sweep.parquet (one row per point: the grid keys, status, error, wall_s and the
+    flattened summary), DIR/points/<id>.json and each point's run in DIR/runs/<id>/. Re-running
+    into the same DIR skips points already finished ok (failed points run again). Exit status 1
+    when a point failed.
+    """
+    from .planner.grid import load_grid
+    from .planner.sweep import TABLE, run_sweep
+    from .scenario import load_scenario
+
+    if address is not None and executor != "ray":
+        raise UserError("--address needs --executor ray")
+    points = load_grid(grid_file, config, list(overrides))
+    if out_dir is None:
+        name = load_scenario(config, list(overrides)).name
+        out_dir = str(Path("runs") / f"{name}-{Path(grid_file).stem}")
+    table = run_sweep(
+        config,
+        points,
+        out_dir,
+        workers=workers,
+        executor="ray" if executor == "ray" else "local",
+        ray_address=address,
+        base_overrides=list(overrides),
+        progress=True,
+        plots=plots,
+    )
+    keys = list(dict.fromkeys(k for p in points for k in p.params))
+    _print_sweep(table, keys)
+    ran, skipped = len(table.attrs.get("ran", [])), len(table.attrs.get("skipped", []))
+    failed = int((table["status"] != "ok").sum()) if len(table) else 0
+    click.echo(
+        f"{len(table)} points: {ran} run, {skipped} already done, {failed} failed; "
+        f"table in {Path(out_dir) / TABLE}"
+    )
+    if failed:
+        for _, row in table[table["status"] != "ok"].iterrows():
+            click.echo(f"failed {row['point_id']}: {row['error']}", err=True)
+        raise click.exceptions.Exit(1)
+
+
+_SHOWN = (
+    ("latency.ttft_s.p99", "TTFT p99", "ms"),
+    ("latency.tpot_s.p99", "TPOT p99", "ms"),
+    ("throughput.output_tok_per_s", "out tok/s", ""),
+    ("goodput.fraction_of_completed", "goodput", "%"),
+    ("cost.usd_per_mtok_output", "$/M out", "$"),
+)
+
+
+def _cell(v: Any, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if isinstance(v, float):
+        if unit == "ms":
+            return f"{v * 1e3:,.1f}"
+        if unit == "%":
+            return f"{v * 100:.1f}%"
+        if unit == "$":
+            return f"{v:,.3g}"
+        return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def _print_sweep(table: Any, keys: list[str], limit: int = 60) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if table.empty:
+        return
+    t = Table(title="sweep", header_style="bold")
+    t.add_column("point")
+    for k in keys:
+        t.add_column(k, justify="right")
+    t.add_column("status")
+    shown = [(c, label, unit) for c, label, unit in _SHOWN if c in table.columns]
+    for _, label, _ in shown:
+        t.add_column(label, justify="right")
+    for _, row in table.head(limit).iterrows():
+        t.add_row(
+            str(row["point_id"]),
+            *(_cell(row.get(k)) for k in keys),
+            str(row["status"]),
+            *(_cell(row[c], unit) for c, _, unit in shown),
+        )
+    con = Console(highlight=False)
+    con.print(t)
+    if len(table) > limit:
+        con.print(f"... {len(table) - limit} more rows in the table")
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, metavar="RUN_DIR [RUN_DIR ...]")
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    help="HTML file (default RUN_DIR/report.html for one run, ./report.html for several).",
+)
+@_user_errors
+def report(run_dirs: tuple[str, ...], out_file: str | None) -> None:
+    """One self-contained HTML page for one run, or several compared with the first."""
+    from .planner.report import render_report
+
+    if out_file is None:
+        out_file = str(Path(run_dirs[0]) / "report.html") if len(run_dirs) == 1 else "report.html"
+    out = render_report([Path(d) for d in run_dirs], Path(out_file))
+    click.echo(f"wrote {out}")

@@ -1,0 +1,94 @@
+"""Upper bounds on the request rate a deployment shape can sustain, from the cost models alone.
+
+The planner ranks shapes by these bounds and skips a shape whose cheapest possible deployment
+(enough replicas at its bound) already costs more than the best one simulated so far.
+
+- Prefill: every DP rank running full steps of ``max_tokens_per_step`` new tokens (no prefix),
+  at the configured constant expert imbalance: tokens/s per instance, divided by the workload's
+  mean new tokens per request (prompt minus what an infinite prefix cache would serve).
+- Decode: ``steady_throughput`` at the largest batch per rank that fits (``max_seqs_per_rank``
+  or the KV capacity at the workload's mean context), divided by the mean output tokens.
+
+Both ignore queueing, tiers, transfers and imbalance between instances, so the sustainable rate
+the simulation finds is lower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..models.registry import load_hardware, load_model
+from ..scenario import Scenario
+from ..sim.engine import decode_kv_capacity_tokens, make_step_cost
+from ..sim.offline import steady_throughput
+from ..traces import RequestSource
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    rate_rps: float  # mean arrival rate
+    input_tokens: float
+    new_tokens: float  # after an infinite prefix cache
+    output_tokens: float
+    images: float
+
+    @classmethod
+    def of(cls, source: RequestSource) -> WorkloadStats:
+        n = len(source)
+        span = float(source.arrival_s[-1] - source.arrival_s[0]) if n > 1 else 1.0
+        hit = source.prefix_hit_tokens().astype(float)
+        return cls(
+            rate_rps=(n - 1) / span if n > 1 else 1.0,
+            input_tokens=float(source.input_len.mean()),
+            new_tokens=float(np.mean(source.input_len - hit)),
+            output_tokens=float(source.output_len.mean()),
+            images=float(source.image_count.mean()),
+        )
+
+
+def prefill_tokens_per_s(sc: Scenario) -> float:
+    """New tokens per second one prefill instance of the scenario computes at full steps."""
+    pool = sc.pools.prefill
+    model = load_model(sc.model)
+    cost = make_step_cost(
+        sc, "prefill", model, load_hardware(pool.hardware), pool.ep, pool.redundant_experts_per_gpu
+    )
+    n = pool.max_tokens_per_step
+    step = cost.prefill_step([[(n, 0)]] * pool.ep, sc.policies.expert_imbalance.prefill)
+    return pool.ep * n / step
+
+
+_DECODE_CACHE: dict[tuple[str, int], float] = {}
+
+
+def _decode_tok_s_per_rank(sc: Scenario, context: int) -> float:
+    key = (sc.model_dump_json(exclude={"pools": {"prefill"}, "workload": True}), context)
+    if key not in _DECODE_CACHE:
+        _DECODE_CACHE[key] = _measure_decode(sc, context)
+    return _DECODE_CACHE[key]
+
+
+def _measure_decode(sc: Scenario, context: int) -> float:
+    pool = sc.pools.decode
+    model = load_model(sc.model)
+    kv = decode_kv_capacity_tokens(sc, model, load_hardware(pool.hardware))
+    per_rank = int(max(1, min(pool.max_seqs_per_rank, kv // max(context, 1))))
+    run = steady_throughput(sc, per_rank, context=context, steps=60, warmup=10)
+    return run.tokens_per_s_per_rank
+
+
+def decode_tokens_per_s(sc: Scenario, context: int) -> float:
+    """Output tokens per second one decode group sustains at its largest batch."""
+    return _decode_tok_s_per_rank(sc, context) * sc.pools.decode.ep
+
+
+def rate_bound(sc: Scenario, stats: WorkloadStats) -> float:
+    """Requests per second one unit (the scenario's prefill instances + decode groups) cannot
+    exceed."""
+    pool = sc.pools
+    context = int(stats.input_tokens + stats.output_tokens / 2)
+    prefill = pool.prefill.instances * prefill_tokens_per_s(sc) / max(stats.new_tokens, 1.0)
+    decode = pool.decode.groups * decode_tokens_per_s(sc, context) / max(stats.output_tokens, 1.0)
+    return min(prefill, decode)

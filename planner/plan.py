@@ -1,0 +1,313 @@
+"""The capacity planner: the cheapest deployment that serves a workload within its SLOs.
+
+A *shape* is one replicable unit: ``prefill_instances`` prefill instances of EP ``prefill_ep``
+plus one decode group of EP ``decode_ep`` (and the scenario's vision encoders and storage). For
+each shape the planner finds the largest request rate the unit sustains within the SLOs — p99
+TTFT ≤ ``slo.ttft_s``, p99 TPOT ≤ ``slo.tpot_s`` (and ≤ 1 / ``slo.min_user_tok_s``), nothing
+rejected — by bisection on load, each probe a full simulation of the workload's first
+``planner.probe_requests`` requests replayed at that rate (the method of Vidur-Search and
+DistServe). The target rate then needs ``ceil(target / (headroom × sustainable))`` replicas;
+one more simulation at the per-replica rate gives the latencies at the operating point.
+
+Shapes are tried cheapest-bound first: a shape whose cost at its cost-model rate bound
+(planner/bounds.py) already exceeds the best simulated deployment is pruned unsimulated.
+Storage nodes are sized from the one-pass TTL sweep at the scenario's TTLs, scaled to the
+target rate. Shapes run in parallel worker processes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..models.registry import load_hardware
+from ..scenario import Scenario, load_scenario
+from ..sim.engine import simulate
+from ..sim.storage_sizing import nodes_for, ttl_report
+from ..traces.workload import build_source
+from .bounds import WorkloadStats, rate_bound
+
+
+@dataclass(frozen=True)
+class Shape:
+    prefill_ep: int
+    prefill_instances: int
+    decode_ep: int
+
+    def overrides(self) -> list[str]:
+        return [
+            f"pools.prefill.ep={self.prefill_ep}",
+            f"pools.prefill.instances={self.prefill_instances}",
+            f"pools.decode.ep={self.decode_ep}",
+            "pools.decode.groups=1",
+        ]
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefill_instances}xEP{self.prefill_ep} + EP{self.decode_ep}"
+
+
+@dataclass
+class ShapeResult:
+    shape: Shape
+    bound_rps: float
+    unit_gpus: int
+    unit_usd_h: float
+    status: str = "pending"  # feasible | infeasible | pruned | error
+    sustainable_rps: float = 0.0
+    limited_by: str = ""
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    replicas: int = 0
+    usd_h: float = math.inf
+    usd_per_mtok_output: float = math.inf
+    ttft_p99_s: float = math.nan
+    tpot_p99_s: float = math.nan
+    revenue_per_gpu_hour_usd: float = math.nan
+    error: str = ""
+
+    def row(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("shape", "probes")}
+        return {"shape": self.shape.label, **asdict(self.shape), **out}
+
+
+def max_sustainable_rate(
+    meets: Callable[[float], bool], hi: float, steps: int, lo: float = 0.0
+) -> float:
+    """Largest rate in [lo, hi] with ``meets(rate)``, by bisection (``meets`` monotone: true
+    below the answer, false above). Returns ``lo`` when even the first probe fails."""
+    if meets(hi):
+        return hi
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def slo_failure(summary: dict[str, Any], sc: Scenario) -> str:
+    """'' when the run met the SLOs, else which one it missed."""
+    req = summary["requests"]
+    if req["rejected"] or req["in_flight"]:
+        return "rejections"
+    lat = summary["latency"]
+    if not lat["ttft_s"]["p99"] <= sc.slo.ttft_s:
+        return "ttft"
+    tpot = sc.slo.tpot_s
+    if sc.slo.min_user_tok_s is not None:
+        tpot = min(tpot, 1.0 / sc.slo.min_user_tok_s)
+    if not (lat["tpot_s"]["p99"] or 0.0) <= tpot:
+        return "tpot"
+    return ""
+
+
+def unit_cost(sc: Scenario) -> tuple[int, float]:
+    """(GPUs, $/h) of one unit without storage."""
+    pools, price = sc.pools, sc.prices.gpu_hour_usd
+    parts = (
+        (pools.prefill.gpus, pools.prefill.hardware),
+        (pools.decode.gpus, pools.decode.hardware),
+        (pools.vision.gpus, pools.vision.hardware),
+    )
+    gpus = sum(n for n, _ in parts)
+    return gpus, sum(n * price[load_hardware(hw).name] for n, hw in parts)
+
+
+@dataclass(frozen=True)
+class ProbeBase:
+    """How to cut a probe of a given rate from the workload: its requests at rate scale 1."""
+
+    overrides: tuple[str, ...]
+    requests: int  # of the workload without max_requests / repeat
+    rate_rps: float  # its mean arrival rate at the scenario's rate_scale
+
+    def scenario(self, config: str, shape: Shape, rate: float) -> Scenario:
+        sc = load_scenario(config, [*self.overrides, *shape.overrides()])
+        need = max(sc.planner.probe_min_requests, math.ceil(rate * sc.planner.probe_seconds))
+        if need <= self.requests:
+            cut = [f"workload.max_requests={need}", "workload.repeat=1"]
+        else:
+            cut = [f"workload.repeat={math.ceil(need / self.requests)}"]
+        scale = sc.workload.rate_scale * rate / self.rate_rps
+        over = [*self.overrides, *shape.overrides(), *cut, f"workload.rate_scale={scale}"]
+        return load_scenario(config, over)
+
+
+def evaluate_shape(
+    config: str, base: ProbeBase, shape: Shape, hi: float, target: float
+) -> ShapeResult:
+    """Bisection for one shape, then its operating point at the target (runs in a worker)."""
+    sc = load_scenario(config, [*base.overrides, *shape.overrides()])
+    gpus, usd_h = unit_cost(sc)
+    res = ShapeResult(shape, hi, gpus, usd_h)
+    plan = sc.planner
+    fails: list[str] = []
+
+    def run(rate: float) -> dict[str, Any]:
+        return simulate(base.scenario(config, shape, rate)).summary
+
+    def meets(rate: float) -> bool:
+        summary = run(rate)
+        why = slo_failure(summary, sc)
+        res.probes.append({
+            "rate_rps": rate, "ok": not why, "missed": why,
+            "ttft_p99_s": summary["latency"]["ttft_s"]["p99"],
+            "tpot_p99_s": summary["latency"]["tpot_s"]["p99"],
+        })  # fmt: skip
+        if why:
+            fails.append(why)
+        return not why
+
+    try:
+        rate = max_sustainable_rate(meets, hi, plan.bisection_steps)
+        res.sustainable_rps = rate
+        res.limited_by = fails[-1] if fails else "bound"
+        if rate <= 0:
+            res.status = "infeasible"
+            return res
+        res.replicas = math.ceil(target / (rate * plan.headroom))
+        at = run(target / res.replicas)
+        res.ttft_p99_s = at["latency"]["ttft_s"]["p99"]
+        res.tpot_p99_s = at["latency"]["tpot_s"]["p99"]
+        res.revenue_per_gpu_hour_usd = at["cost"]["revenue_per_gpu_hour_usd"] or math.nan
+        res.status = "feasible"
+    except Exception as exc:  # a crashing shape is recorded, the plan goes on
+        res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
+    return res
+
+
+@dataclass
+class Plan:
+    target_rps: float
+    storage_nodes: int
+    storage_usd_h: float
+    mean_output_tokens: float
+    results: list[ShapeResult]
+
+    def feasible(self) -> list[ShapeResult]:
+        return sorted((r for r in self.results if r.status == "feasible"), key=lambda r: r.usd_h)
+
+    @property
+    def best(self) -> ShapeResult | None:
+        ok = self.feasible()
+        return ok[0] if ok else None
+
+    def frontier(self) -> list[ShapeResult]:
+        """Feasible shapes no other beats on both cost and p99 TTFT."""
+        out, best_ttft = [], math.inf
+        for r in self.feasible():
+            if r.ttft_p99_s < best_ttft:
+                out.append(r)
+                best_ttft = r.ttft_p99_s
+        return out
+
+    def why(self) -> str:
+        ok = self.feasible()
+        if not ok:
+            return "no shape met the SLOs at any load"
+        best = ok[0]
+        text = (
+            f"{best.shape.label} × {best.replicas} is the cheapest deployment meeting the SLOs: "
+            f"${best.usd_h:,.0f}/h. One unit sustains {best.sustainable_rps:.1f} req/s "
+            f"(limited by {best.limited_by}); {best.replicas} replicas at "
+            f"{self.target_rps / best.replicas:.1f} req/s each."
+        )
+        if len(ok) > 1:
+            nxt = ok[1]
+            text += (
+                f" Runner-up {nxt.shape.label} × {nxt.replicas} costs "
+                f"{100 * (nxt.usd_h / best.usd_h - 1):.1f} % more."
+            )
+        pruned = sum(r.status == "pruned" for r in self.results)
+        if pruned:
+            text += f" {pruned} shapes were pruned by their cost-model bound."
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        best = self.best
+        return {
+            "target_rps": self.target_rps,
+            "storage_nodes": self.storage_nodes,
+            "storage_usd_h": self.storage_usd_h,
+            "recommended": best.row() if best else None,
+            "why": self.why(),
+            "frontier": [r.shape.label for r in self.frontier()],
+            "shapes": [r.row() for r in self.results],
+            "probes": {r.shape.label: r.probes for r in self.results},
+        }
+
+
+def candidate_shapes(sc: Scenario) -> list[Shape]:
+    p = sc.planner
+    return [
+        Shape(pe, pi, de) for pe in p.prefill_ep for pi in p.prefill_instances for de in p.decode_ep
+    ]
+
+
+def plan(
+    config: str,
+    overrides: Sequence[str] = (),
+    workers: int = 1,
+    progress: Callable[[ShapeResult], None] | None = None,
+) -> Plan:
+    sc = load_scenario(config, list(overrides))
+    source = build_source(sc.workload, sc.seed)
+    stats = WorkloadStats.of(source)
+    target = (sc.planner.target_rate_rps or stats.rate_rps) * sc.planner.traffic_scale
+    whole = load_scenario(config, [*overrides, "workload.repeat=1"])
+    whole_source = build_source(whole.workload, whole.seed)
+    base = ProbeBase(tuple(overrides), len(whole_source), WorkloadStats.of(whole_source).rate_rps)
+    storage_nodes = 0
+    if sc.pools.storage.nodes:
+        _, frame = ttl_report(sc, source, [1.0])
+        per_class = frame[(frame["policy"] == "class_ttl") & (frame["traffic_class"] == "all")]
+        need = float(per_class["peak_resident_bytes"].iloc[0]) * target / stats.rate_rps
+        storage_nodes = max(sc.pools.storage.width, nodes_for(sc.pools.storage, need))
+    storage_usd_h = storage_nodes * sc.prices.storage_node_hour_usd
+    results = []
+    for shape in candidate_shapes(sc):
+        shaped = load_scenario(config, [*overrides, *shape.overrides()])
+        gpus, usd_h = unit_cost(shaped)
+        bound = rate_bound(shaped, stats)
+        results.append(ShapeResult(shape, bound, gpus, usd_h))
+    # cheapest possible deployment first: enough replicas at the bound
+    results.sort(key=lambda r: math.ceil(target / r.bound_rps) * r.unit_usd_h)
+    best_usd = math.inf
+    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    try:
+        pending = list(results)
+        while pending:
+            batch: list[ShapeResult] = []
+            while pending and len(batch) < workers:
+                r = pending.pop(0)
+                lower = math.ceil(target / r.bound_rps) * r.unit_usd_h + storage_usd_h
+                if lower >= best_usd:
+                    r.status = "pruned"
+                    if progress:
+                        progress(r)
+                    continue
+                batch.append(r)
+            args = [(config, base, r.shape, r.bound_rps, target) for r in batch]
+            done = (
+                [evaluate_shape(*a) for a in args]
+                if pool is None
+                else list(pool.map(evaluate_shape, *zip(*args, strict=True)))
+            )
+            for r, d in zip(batch, done, strict=True):
+                idx = results.index(r)
+                results[idx] = d
+                if d.status == "feasible":
+                    d.usd_h = d.replicas * d.unit_usd_h + storage_usd_h
+                    out_tok_h = target * stats.output_tokens * 3600 / 1e6
+                    d.usd_per_mtok_output = d.usd_h / out_tok_h
+                    best_usd = min(best_usd, d.usd_h)
+                if progress:
+                    progress(d)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return Plan(target, storage_nodes, storage_usd_h, stats.output_tokens, results)

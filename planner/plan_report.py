@@ -1,0 +1,112 @@
+"""A plan's outputs: plan.json, shapes.csv, the cost-vs-latency frontier plot, the terminal table,
+and the delta of a what-if plan against the base plan."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .plan import Plan
+
+
+def delta(plan: Plan, base: Plan) -> dict[str, Any]:
+    """What changed in the recommendation between ``base`` and ``plan``."""
+    a, b = base.best, plan.best
+    if a is None or b is None:
+        return {"base": a.shape.label if a else None, "what_if": b.shape.label if b else None}
+    return {
+        "base": f"{a.shape.label} × {a.replicas}",
+        "what_if": f"{b.shape.label} × {b.replicas}",
+        "usd_h": b.usd_h - a.usd_h,
+        "usd_h_pct": 100 * (b.usd_h / a.usd_h - 1),
+        "gpus": b.replicas * b.unit_gpus - a.replicas * a.unit_gpus,
+        "storage_nodes": plan.storage_nodes - base.storage_nodes,
+        "ttft_p99_s": b.ttft_p99_s - a.ttft_p99_s,
+        "usd_per_mtok_output": b.usd_per_mtok_output - a.usd_per_mtok_output,
+    }
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_plan(plan: Plan, out: Path, base: Plan | None = None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    doc = plan.to_dict()
+    if base is not None:
+        doc["delta"] = delta(plan, base)
+    (out / "plan.json").write_text(json.dumps(_finite(doc), indent=1) + "\n")
+    pd.DataFrame([r.row() for r in plan.results]).to_csv(out / "shapes.csv", index=False)
+    _plot_frontier(plan, out / "frontier.png")
+
+
+def _plot_frontier(plan: Plan, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = plan.feasible()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if ok:
+        ax.scatter([r.ttft_p99_s for r in ok], [r.usd_h for r in ok], color="tab:gray")
+        front = plan.frontier()
+        ax.plot([r.ttft_p99_s for r in front], [r.usd_h for r in front], "o-", color="tab:blue")
+        for r in ok:
+            ax.annotate(f"{r.shape.label} ×{r.replicas}", (r.ttft_p99_s, r.usd_h), fontsize=7)
+    ax.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per hour",
+           title=f"deployments for {plan.target_rps:.1f} req/s (blue: Pareto frontier)")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_plan(con: Any, plan: Plan, title: str, base: Plan | None = None) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{title}: {plan.target_rps:.1f} req/s, {plan.storage_nodes} storage nodes")
+    columns = ("shape", "status", "bound", "sustains", "replicas", "$/h", "$/M out",
+               "TTFT p99", "TPOT p99")  # fmt: skip
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("shape", "status") else "right")
+    for r in sorted(plan.results, key=lambda r: (r.status != "feasible", r.usd_h)):
+        feasible = r.status == "feasible"
+        t.add_row(
+            r.shape.label,
+            r.status,
+            f"{r.bound_rps:.1f}",
+            f"{r.sustainable_rps:.1f}" if r.status in ("feasible", "infeasible") else "-",
+            str(r.replicas) if feasible else "-",
+            f"{r.usd_h:,.0f}" if feasible else "-",
+            f"{r.usd_per_mtok_output:.2f}" if feasible else "-",
+            f"{r.ttft_p99_s * 1e3:,.0f} ms" if feasible else "-",
+            f"{r.tpot_p99_s * 1e3:,.1f} ms" if feasible else "-",
+        )
+    con.print(t)
+    con.print(plan.why())
+    best = plan.best
+    if best is not None:
+        con.print(
+            f"recommended: {best.shape.label} × {best.replicas} = "
+            f"{best.replicas * best.unit_gpus} GPUs + {plan.storage_nodes} storage nodes, "
+            f"${best.usd_h:,.0f}/h, ${best.usd_per_mtok_output:.2f}/M output tokens, "
+            f"revenue ${best.revenue_per_gpu_hour_usd:.2f}/GPU-h"
+        )
+    if base is not None:
+        d = delta(plan, base)
+        if "usd_h" in d:
+            con.print(
+                f"delta vs base: {d['base']} → {d['what_if']}, {d['usd_h']:+,.0f} $/h "
+                f"({d['usd_h_pct']:+.1f} %), {d['gpus']:+d} GPUs, "
+                f"{d['storage_nodes']:+d} storage nodes"
+            )

@@ -1,0 +1,380 @@
+"""Sweeps: many full simulations, one per grid point, in worker processes or on Ray.
+
+Design notes
+------------
+- **A point is a whole run.** Each point loads ``config`` with the sweep's ``--set`` overrides and
+  then its own, runs :func:`~deepinfer_sim.simulate`, and writes its full Result to
+  ``runs/<point_id>/`` (config, summary, requests, timeseries; plots only when asked). A point
+  that raises writes ``runs/<point_id>/error.txt`` (the traceback) instead and is recorded with
+  ``status: error``; the sweep goes on.
+- **One file per finished point.** The driver writes each point's row to
+  ``points/<point_id>.json`` (temporary file + rename, so a killed sweep never leaves half a
+  row). The table ``sweep.parquet`` is rebuilt from those files at the end, in grid order: one
+  row per point, the grid keys as columns, then ``status``, ``error``, ``wall_s`` and the run's
+  summary flattened to dotted columns (``latency.ttft_s.p99``, ``cost.usd_per_mtok_output``...).
+- **Resume.** A point whose ``points/<id>.json`` says ``ok`` *for the same resolved scenario*
+  (a hash of its fully resolved config, so an edited config file or a different ``--set``
+  re-runs it) is skipped. Points that ended in an error are run again: errors are usually
+  transient (a killed worker) or fixed between attempts, and a run is the only way to know.
+- **Executors.** ``local`` uses a ``ProcessPoolExecutor`` (fork on Linux: workers start at once
+  with the simulator imported, and a script needs no ``__main__`` guard; spawn elsewhere);
+  ``workers=1`` runs in this process. ``ray`` sends each point as a Ray task (one CPU each) and
+  needs the optional ``ray`` extra. The driver writes ``points/`` and the table; each task
+  writes its own ``runs/<id>/``, so on a multi-machine Ray cluster ``out_dir`` must be on a
+  shared filesystem.
+- **Validation first.** Every point's scenario is loaded before any run, so a typo fails at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from datetime import UTC, datetime
+from hashlib import sha1
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from ..errors import UserError
+from ..scenario import dump_scenario, load_scenario
+from ..sim.engine import simulate
+from .grid import GridPoint, check_points
+
+TABLE = "sweep.parquet"
+POINTS = "points"
+RUNS = "runs"
+
+# Summary sections flattened into the table except these (per-class / per-tier breakdowns and
+# echoes of the config): they stay in each run's summary.json.
+SKIP_METRICS = (
+    "requests.rejected_by_reason",
+    "prefill.by_tier",
+    "cache.by_class",
+    "eplb.by_pool",
+    "storage.ttl_s",
+    "goodput.slo",
+)
+
+
+def flatten(obj: Mapping[str, Any], prefix: str = "", skip: Iterable[str] = ()) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``. Lists and ``None`` leaves are dropped, as are the
+    dotted prefixes in ``skip``."""
+    skip = tuple(skip)
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if name in skip or value is None or isinstance(value, list | tuple):
+            continue
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name, skip))
+        else:
+            out[name] = value
+    return out
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _fingerprint(scenario_yaml: str) -> str:
+    return sha1(scenario_yaml.encode()).hexdigest()
+
+
+def run_point(task: dict[str, Any]) -> dict[str, Any]:
+    """Run one point (in a worker process or a Ray task) and return its record.
+
+    Never raises for a failing run: the exception becomes ``status: error`` and its traceback
+    goes to ``runs/<id>/error.txt``.
+    """
+    t0 = time.perf_counter()
+    run_dir = Path(task["run_dir"])
+    record: dict[str, Any] = {"point_id": task["point_id"], "status": "ok", "error": None}
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "error.txt").unlink(missing_ok=True)
+        sc = load_scenario(task["config"], [*task["base_overrides"], *task["overrides"]])
+        result = simulate(sc)
+        result.write(run_dir, plots=task["plots"])
+        record["metrics"] = flatten(json.loads(result.summary_json()), skip=SKIP_METRICS)
+    except Exception as exc:
+        record.update(status="error", error=_one_line(f"{type(exc).__name__}: {exc}"))
+        record["metrics"] = {}
+        with contextlib.suppress(OSError):
+            (run_dir / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+    record["wall_s"] = round(time.perf_counter() - t0, 3)
+    return record
+
+
+# ---- executors ----------------------------------------------------------------------------------
+
+
+def _context() -> Any:
+    """fork on Linux: workers start at once with the simulator already imported, and scripts
+    need no ``if __name__ == "__main__"`` guard. Elsewhere (macOS, Windows) spawn."""
+    if sys.platform == "linux":
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _local(
+    tasks: list[dict[str, Any]],
+    workers: int,
+    done: Callable[[dict[str, Any]], None],
+    started: Callable[[], None],
+) -> None:
+    if workers <= 1 or len(tasks) <= 1:
+        started()
+        for task in tasks:
+            done(run_point(task))
+        return
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=_context()) as pool:
+        # every worker is forked at the first submit, before `started` starts the progress
+        # bar's thread: no fork with a second thread running
+        pending: dict[Future[dict[str, Any]], dict[str, Any]] = {
+            pool.submit(run_point, t): t for t in tasks
+        }
+        started()
+        try:
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    task = pending.pop(fut)
+                    try:
+                        record = fut.result()
+                    except Exception as exc:  # the worker process died (killed, out of memory)
+                        record = _failed(task, f"worker failed: {type(exc).__name__}: {exc}")
+                    done(record)
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserError(
+            "the ray executor needs Ray, which is not installed: pip install 'deepinfer-sim[ray]'"
+        ) from None
+    return ray
+
+
+def _ray(
+    tasks: list[dict[str, Any]],
+    workers: int,
+    address: str | None,
+    done: Callable[[dict[str, Any]], None],
+) -> None:
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
+        if address is None:  # a local Ray instance: `workers` CPUs, no dashboard
+            kwargs.update(num_cpus=max(1, workers), include_dashboard=False)
+        ray.init(**kwargs)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
+        pending = {remote.remote(t): t for t in tasks}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                task = pending.pop(ref)
+                try:
+                    record = ray.get(ref)
+                except Exception as exc:  # the task's worker died
+                    record = _failed(task, f"ray task failed: {type(exc).__name__}: {exc}")
+                done(record)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _failed(task: Mapping[str, Any], message: str) -> dict[str, Any]:
+    return {
+        "point_id": task["point_id"],
+        "status": "error",
+        "error": _one_line(message),
+        "metrics": {},
+        "wall_s": None,
+    }
+
+
+# ---- the sweep ----------------------------------------------------------------------------------
+
+
+def _read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _row(point: GridPoint, record: Mapping[str, Any] | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"point_id": point.point_id, **point.params}
+    if record is None:
+        row.update(status="missing", error="no result", wall_s=None)
+        return row
+    row.update(status=record.get("status"), error=record.get("error"), wall_s=record.get("wall_s"))
+    for key, value in (record.get("metrics") or {}).items():
+        row[f"summary.{key}" if key in row else key] = value
+    return row
+
+
+def _cell(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def build_table(points: Sequence[GridPoint], out_dir: str | Path) -> pd.DataFrame:
+    """The sweep table from ``out_dir/points/*.json``: one row per point, in grid order."""
+    folder = Path(out_dir) / POINTS
+    rows = [_row(p, _read_record(folder / f"{p.point_id}.json")) for p in points]
+    rows = [{k: _cell(v) for k, v in r.items()} for r in rows]
+    frame = pd.DataFrame(rows)
+    for col in frame.columns:  # parquet columns hold one type: mixed ones become text
+        if frame[col].dtype == object:
+            kinds = {type(v) for v in frame[col] if v is not None and v == v}
+            if len(kinds) > 1:
+                frame[col] = frame[col].map(lambda v: v if v is None else str(v))
+    return frame
+
+
+def run_sweep(
+    config: str | Path,
+    points: Sequence[GridPoint | Mapping[str, Any]],
+    out_dir: str | Path,
+    workers: int = 1,
+    executor: Literal["local", "ray"] = "local",
+    ray_address: str | None = None,
+    base_overrides: Sequence[str] = (),
+    progress: bool = True,
+    plots: bool = False,
+) -> pd.DataFrame:
+    """Run every point of a sweep and return its table (also written to ``out_dir/sweep.parquet``).
+
+    ``points`` are :class:`GridPoint`\\ s (from :func:`~deepinfer_sim.planner.load_grid`) or
+    plain mappings of dotted overrides. Points already finished ``ok`` in ``out_dir`` for the
+    same resolved scenario are skipped; ``table.attrs["ran"]`` and ``["skipped"]`` list the ids.
+    ``progress`` shows a bar when stderr is a terminal.
+    """
+    if executor not in ("local", "ray"):
+        raise UserError(f"executor {executor!r}: expected 'local' or 'ray'")
+    if workers < 1:
+        raise UserError(f"workers {workers}: expected at least 1")
+    if executor == "ray":
+        _import_ray()
+    grid = [GridPoint.of(p) for p in points]
+    ids = [p.point_id for p in grid]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise UserError(f"the sweep lists the same point twice (point {dup})")
+    base = [str(s) for s in base_overrides]
+    # workers may start in another folder (spawn, Ray): hand them an absolute file path
+    ref = str(Path(config).resolve()) if Path(config).is_file() else str(config)
+    scenarios = check_points(config, grid, base)
+    prints = [_fingerprint(dump_scenario(sc)) for sc in scenarios]
+
+    out = Path(out_dir)
+    (out / POINTS).mkdir(parents=True, exist_ok=True)
+    (out / RUNS).mkdir(parents=True, exist_ok=True)
+    tasks: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    meta: dict[str, dict[str, Any]] = {}
+    for p, fp in zip(grid, prints, strict=True):
+        old = _read_record(out / POINTS / f"{p.point_id}.json")
+        if old is not None and old.get("status") == "ok" and old.get("scenario_hash") == fp:
+            skipped.append(p.point_id)
+            continue
+        meta[p.point_id] = {
+            "overrides": p.overrides,
+            "params": p.params,
+            "config": str(config),
+            "base_overrides": base,
+            "scenario_hash": fp,
+        }
+        tasks.append(
+            {
+                "point_id": p.point_id,
+                "config": ref,
+                "base_overrides": base,
+                "overrides": p.as_set(),
+                "run_dir": str((out / RUNS / p.point_id).resolve()),
+                "plots": plots,
+            }
+        )
+
+    show = progress and bool(tasks) and sys.stderr.isatty()
+    counts = {"ok": 0, "error": 0}
+    bar: Any = None
+    if show:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        bar_task = bar.add_task("sweep", total=len(tasks))
+
+    live: list[Any] = []
+
+    def started() -> None:
+        if bar is not None:
+            bar.start()
+            live.append(bar)
+
+    ran: list[str] = []
+
+    def done(record: dict[str, Any]) -> None:
+        pid = record["point_id"]
+        record = {**record, **meta[pid], "finished_at": datetime.now(UTC).isoformat()}
+        text = json.dumps(record, indent=1, sort_keys=False, default=str) + "\n"
+        _atomic_write(out / POINTS / f"{pid}.json", lambda p: p.write_text(text, "utf-8"))
+        ran.append(pid)
+        counts["ok" if record["status"] == "ok" else "error"] += 1
+        if bar is not None:
+            bar.update(
+                bar_task,
+                advance=1,
+                description=f"sweep: {counts['ok']} ok, {counts['error']} error",
+            )
+
+    try:
+        if executor == "ray":
+            started()
+            _ray(tasks, workers, ray_address, done)
+        else:
+            _local(tasks, workers, done, started)
+    finally:
+        for b in live:
+            b.stop()
+        table = build_table(grid, out)
+        _atomic_write(out / TABLE, lambda p: table.to_parquet(p, index=False))
+    table.attrs["ran"] = ran
+    table.attrs["skipped"] = skipped
+    return table

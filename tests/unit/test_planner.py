@@ -1,0 +1,105 @@
+"""The capacity planner: bisection on load, SLO checks and the bound-pruned shape search."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from deepinfer_sim.planner import plan as planner
+from deepinfer_sim.planner.plan import (
+    ShapeResult,
+    candidate_shapes,
+    max_sustainable_rate,
+    slo_failure,
+)
+from deepinfer_sim.scenario import load_scenario
+
+
+@pytest.mark.parametrize("answer", [0.7, 37.3, 99.0])
+def test_bisection_finds_the_largest_rate_that_meets_the_slo(answer: float) -> None:
+    probes: list[float] = []
+
+    def meets(rate: float) -> bool:
+        probes.append(rate)
+        return rate <= answer
+
+    hi = 100.0
+    found = max_sustainable_rate(meets, hi, steps=12)
+    assert found <= answer < found + hi / 2**12
+    assert len(probes) == 13  # the bound, then one probe per step
+
+
+def test_bisection_returns_the_bound_when_it_passes_and_zero_when_nothing_does() -> None:
+    assert max_sustainable_rate(lambda r: True, 50.0, steps=5) == 50.0
+    assert max_sustainable_rate(lambda r: False, 50.0, steps=5) == 0.0
+
+
+def summary(ttft: float, tpot: float, rejected: int = 0) -> dict[str, Any]:
+    return {
+        "requests": {"rejected": rejected, "in_flight": 0},
+        "latency": {"ttft_s": {"p99": ttft}, "tpot_s": {"p99": tpot}},
+    }
+
+
+def test_slo_failure_names_the_missed_slo() -> None:
+    sc = load_scenario("default", ["slo.ttft_s=2", "slo.tpot_s=0.05"])
+    assert slo_failure(summary(1.0, 0.04), sc) == ""
+    assert slo_failure(summary(3.0, 0.04), sc) == "ttft"
+    assert slo_failure(summary(1.0, 0.06), sc) == "tpot"
+    assert slo_failure(summary(1.0, 0.04, rejected=1), sc) == "rejections"
+    strict = load_scenario("default", ["slo.min_user_tok_s=40"])  # 1 / 40 = 25 ms
+    assert slo_failure(summary(1.0, 0.03), strict) == "tpot"
+
+
+TRUE_RATE = {(4, 8, 64): 50.0, (4, 16, 64): 95.0, (8, 8, 64): 60.0, (8, 16, 64): 110.0}
+
+
+def test_search_prunes_only_shapes_that_cannot_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known answer: each shape sustains TRUE_RATE; its cost-model bound is 1.5× that. The
+    search must find the exhaustive optimum and skip shapes whose bound cannot beat it."""
+    evaluated: list[tuple[int, int, int]] = []
+
+    def key(shape: Any) -> tuple[int, int, int]:
+        return (shape.prefill_ep, shape.prefill_instances, shape.decode_ep)
+
+    def fake_bound(sc: Any, stats: Any) -> float:
+        p = sc.pools
+        return 1.5 * TRUE_RATE[(p.prefill.ep, p.prefill.instances, p.decode.ep)]
+
+    def fake_evaluate(config: str, base: Any, shape: Any, hi: float, target: float) -> Any:
+        evaluated.append(key(shape))
+        sc = load_scenario(config, [*base.overrides, *shape.overrides()])
+        gpus, usd_h = planner.unit_cost(sc)
+        res = ShapeResult(shape, hi, gpus, usd_h, status="feasible")
+        res.sustainable_rps = TRUE_RATE[key(shape)]
+        res.replicas = math.ceil(target / (res.sustainable_rps * sc.planner.headroom))
+        res.ttft_p99_s = 1.0 / res.replicas
+        return res
+
+    monkeypatch.setattr(planner, "rate_bound", fake_bound)
+    monkeypatch.setattr(planner, "evaluate_shape", fake_evaluate)
+    over = [
+        "planner.prefill_ep=[4, 8]",
+        "planner.prefill_instances=[8, 16]",
+        "planner.decode_ep=[64]",
+        "planner.target_rate_rps=400",
+        "pools.storage.nodes=0",
+        "workload.repeat=1",
+    ]
+    result = planner.plan("default", over)
+    sc = load_scenario("default", over)
+    # exhaustive optimum
+    costs = {}
+    for shape in candidate_shapes(sc):
+        gpus, usd_h = planner.unit_cost(load_scenario("default", [*over, *shape.overrides()]))
+        replicas = math.ceil(400 / (TRUE_RATE[key(shape)] * sc.planner.headroom))
+        costs[key(shape)] = replicas * usd_h
+    best = min(costs, key=costs.__getitem__)
+    assert result.best is not None and key(result.best.shape) == best
+    assert result.best.usd_h == pytest.approx(costs[best])
+    pruned = [key(r.shape) for r in result.results if r.status == "pruned"]
+    assert pruned and set(pruned).isdisjoint(evaluated)
+    assert len(evaluated) + len(pruned) == len(TRUE_RATE)
+    assert "cheapest" in result.why()
