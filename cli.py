@@ -11,19 +11,13 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import click
 
-from .errors import UserError
+from .cli_common import UserErrorGroup, console, overrides_option
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _console(stderr: bool = False):
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False)
+_console = console
 
 
 def _fmt(v: Any, unit: str = "") -> str:
@@ -74,31 +68,15 @@ def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
         con.print(f"results in {out_dir}")
 
 
-class _Group(click.Group):
-    """Turns UserError into one clean line and exit status 2."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=UserErrorGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="deepinfer-sim")
 def main() -> None:
     """Simulator and capacity planner for disaggregated DeepSeek-V4.1-Flash serving."""
 
 
-def _overrides(f: F) -> F:
-    return click.option(
-        "--set",
-        "overrides",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="Override a config value by dotted key, e.g. --set pools.decode.ep=128 (repeatable).",
-    )(f)
+_overrides = overrides_option(
+    "Override a config value by dotted key, e.g. --set pools.decode.ep=128 (repeatable)."
+)
 
 
 @main.command()
@@ -304,14 +282,25 @@ def plan(
         load_scenario(config, [*overrides, *what_ifs])  # a bad what-if fails before any run
     out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan"
     con = _console()
-    base = run_plan(config, list(overrides), workers, progress=_plan_progress(con))
+    base = run_plan(config, list(overrides), workers, _plan_progress(con), str(out / "plan/runs"))
     write_plan(base, out / "plan")
     print_plan(con, base, "plan")
+    runs = []
+    if base.best is not None:
+        import shutil
+
+        shutil.copytree(base.best.run_dir, out / "recommended", dirs_exist_ok=True)
+        runs.append(str(out / "recommended"))
     if what_ifs:
-        changed = run_plan(config, [*overrides, *what_ifs], workers, _plan_progress(con))
+        changed = run_plan(
+            config, [*overrides, *what_ifs], workers, _plan_progress(con), str(out / "what_if/runs")
+        )
         write_plan(changed, out / "what_if", base)
         print_plan(con, changed, "what if " + ", ".join(what_ifs), base)
+        runs += [changed.best.run_dir] if changed.best else []
     con.print(f"results in {out}")
+    if runs:
+        con.print("report: deepinfer-sim report " + " ".join(runs))
 
 
 def _plan_progress(con: Any) -> Callable[[Any], None]:
@@ -349,7 +338,7 @@ class _Duration(click.ParamType):
 
 @main.group()
 def sweep() -> None:
-    """Sweeps that need no cluster run per point."""
+    """Sweeps: `grid` runs a grid of full simulations; `ttl` sweeps KV TTLs in one pass."""
 
 
 @sweep.command("ttl")
@@ -464,14 +453,16 @@ def derive_profile(measured: str, targets: str, name: str, out_file: str) -> Non
     click.echo(f"wrote {out_file} ({', '.join(prof.hardware)})")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
-
 def _register() -> None:
+    from .cli_plan import report, sweep_grid
     from .cli_trace import trace
 
     main.add_command(trace)
+    main.add_command(report)
+    sweep.add_command(sweep_grid, "grid")
 
 
 _register()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

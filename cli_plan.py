@@ -7,47 +7,18 @@ same one ``error:`` line and exit status 2 themselves.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
+from .cli_common import overrides_option, user_errors
 from .errors import UserError
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _CliError(click.ClickException):
-    """One ``error:`` line on stderr, exit status 2 (as cli.py's group does for UserError)."""
-
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-def _user_errors(f: F) -> F:
-    @functools.wraps(f)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return f(*args, **kwargs)
-        except UserError as exc:
-            raise _CliError(" ".join(str(exc).split())) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _overrides(f: F) -> F:
-    return click.option(
-        "--set",
-        "overrides",
-        multiple=True,
-        metavar="KEY=VALUE",
-        help="Override a config value for every point, e.g. --set workload.max_requests=2000 "
-        "(repeatable).",
-    )(f)
+_user_errors = user_errors
+_overrides = overrides_option(
+    "Override a config value for every point, e.g. --set workload.max_requests=2000 (repeatable)."
+)
 
 
 @click.command("grid")
@@ -137,10 +108,10 @@ def sweep_grid(
 
 
 _SHOWN = (
-    ("latency.ttft_s.p99", "TTFT p99", "ms"),
-    ("latency.tpot_s.p99", "TPOT p99", "ms"),
+    ("latency.ttft_s.p99", "TTFT p99 ms", "ms"),
+    ("latency.tpot_s.p99", "TPOT p99 ms", "ms"),
     ("throughput.output_tok_per_s", "out tok/s", ""),
-    ("goodput.fraction_of_completed", "goodput", "%"),
+    ("goodput.fraction_of_completed", "good", "%"),
     ("cost.usd_per_mtok_output", "$/M out", "$"),
 )
 
@@ -152,7 +123,7 @@ def _cell(v: Any, unit: str = "") -> str:
         if unit == "ms":
             return f"{v * 1e3:,.1f}"
         if unit == "%":
-            return f"{v * 100:.1f}%"
+            return f"{v * 100:.3g}%"
         if unit == "$":
             return f"{v:,.3g}"
         return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
@@ -165,10 +136,12 @@ def _print_sweep(table: Any, keys: list[str], limit: int = 60) -> None:
 
     if table.empty:
         return
+    # only the grid keys that change between points; a key shows its last two segments
+    keys = [k for k in keys if k in table.columns and table[k].astype(str).nunique() > 1]
     t = Table(title="sweep", header_style="bold")
-    t.add_column("point")
+    t.add_column("point", no_wrap=True)
     for k in keys:
-        t.add_column(k, justify="right")
+        t.add_column(".".join(k.split(".")[-2:]), justify="right")
     t.add_column("status")
     shown = [(c, label, unit) for c, label, unit in _SHOWN if c in table.columns]
     for _, label, _ in shown:

@@ -6,8 +6,7 @@ workload as native parquet. ``cli.py`` registers the group with ``main.add_comma
 
 Like the rest of the CLI, a user mistake (missing or malformed trace, bad config, wrong output
 extension) is one ``error:`` line on stderr and exit status 2. The group handles that itself,
-so it behaves the same whether invoked under ``main`` or on its own (as the tests do); it
-cannot reuse ``cli._Group`` because ``cli`` imports this module.
+so it behaves the same whether invoked under ``main`` or on its own (as the tests do).
 """
 
 from __future__ import annotations
@@ -18,22 +17,12 @@ from typing import Any
 
 import click
 
+from .cli_common import UserErrorGroup
 from .errors import UserError
 
 # The formats of ``traces._files.FORMATS``, spelled out so that loading the CLI does not import
 # the trace readers (pandas); a test checks that the two agree.
 TRACE_FORMATS = ("mooncake", "azure", "burstgpt", "qwen", "vidur", "tracelab", "parquet")
-
-
-class _Group(click.Group):
-    """Turns UserError into one clean line and exit status 2 (as ``cli._Group`` does)."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except UserError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
 
 
 def _parquet_path(out: str) -> Path:
@@ -56,7 +45,7 @@ def _format_option(f: Any) -> Any:
     )(f)
 
 
-@click.group(cls=_Group)
+@click.group(cls=UserErrorGroup)
 def trace() -> None:
     """Inspect, convert and synthesize request traces."""
 

@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..models.registry import load_hardware
@@ -49,6 +50,10 @@ class Shape:
     def label(self) -> str:
         return f"{self.prefill_instances}xEP{self.prefill_ep} + EP{self.decode_ep}"
 
+    @property
+    def slug(self) -> str:
+        return f"p{self.prefill_instances}x{self.prefill_ep}-d{self.decode_ep}"
+
 
 @dataclass
 class ShapeResult:
@@ -67,6 +72,7 @@ class ShapeResult:
     tpot_p99_s: float = math.nan
     revenue_per_gpu_hour_usd: float = math.nan
     error: str = ""
+    run_dir: str = ""  # the operating point's run (summary, requests, time series)
 
     def row(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("shape", "probes")}
@@ -138,9 +144,15 @@ class ProbeBase:
 
 
 def evaluate_shape(
-    config: str, base: ProbeBase, shape: Shape, hi: float, target: float
+    config: str,
+    base: ProbeBase,
+    shape: Shape,
+    hi: float,
+    target: float,
+    runs_dir: str | None = None,
 ) -> ShapeResult:
-    """Bisection for one shape, then its operating point at the target (runs in a worker)."""
+    """Bisection for one shape, then its operating point at the target (runs in a worker);
+    the operating point's full results go to ``runs_dir/<shape slug>`` when given."""
     sc = load_scenario(config, [*base.overrides, *shape.overrides()])
     gpus, usd_h = unit_cost(sc)
     res = ShapeResult(shape, hi, gpus, usd_h)
@@ -170,7 +182,11 @@ def evaluate_shape(
             res.status = "infeasible"
             return res
         res.replicas = math.ceil(target / (rate * plan.headroom))
-        at = run(target / res.replicas)
+        result = simulate(base.scenario(config, shape, target / res.replicas))
+        if runs_dir is not None:
+            res.run_dir = str(Path(runs_dir) / shape.slug)
+            result.write(res.run_dir, plots=False)
+        at = result.summary
         res.ttft_p99_s = at["latency"]["ttft_s"]["p99"]
         res.tpot_p99_s = at["latency"]["tpot_s"]["p99"]
         res.revenue_per_gpu_hour_usd = at["cost"]["revenue_per_gpu_hour_usd"] or math.nan
@@ -253,6 +269,7 @@ def plan(
     overrides: Sequence[str] = (),
     workers: int = 1,
     progress: Callable[[ShapeResult], None] | None = None,
+    runs_dir: str | None = None,
 ) -> Plan:
     sc = load_scenario(config, list(overrides))
     source = build_source(sc.workload, sc.seed)
@@ -291,7 +308,7 @@ def plan(
                         progress(r)
                     continue
                 batch.append(r)
-            args = [(config, base, r.shape, r.bound_rps, target) for r in batch]
+            args = [(config, base, r.shape, r.bound_rps, target, runs_dir) for r in batch]
             done = (
                 [evaluate_shape(*a) for a in args]
                 if pool is None

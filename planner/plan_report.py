@@ -64,8 +64,8 @@ def _plot_frontier(plan: Plan, path: Path) -> None:
         ax.plot([r.ttft_p99_s for r in front], [r.usd_h for r in front], "o-", color="tab:blue")
         for r in ok:
             ax.annotate(f"{r.shape.label} ×{r.replicas}", (r.ttft_p99_s, r.usd_h), fontsize=7)
-    ax.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per hour",
-           title=f"deployments for {plan.target_rps:.1f} req/s (blue: Pareto frontier)")  # fmt: skip
+    title = f"deployments for {plan.target_rps:.1f} req/s (blue: Pareto frontier)"
+    ax.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per hour", title=title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

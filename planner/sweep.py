@@ -183,13 +183,19 @@ def _ray(
     address: str | None,
     done: Callable[[dict[str, Any]], None],
 ) -> None:
+    if not tasks:
+        return
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
         if address is None:  # a local Ray instance: `workers` CPUs, no dashboard
             kwargs.update(num_cpus=max(1, workers), include_dashboard=False)
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:  # ConnectionError, TimeoutError, RuntimeError... from Ray
+            where = f"at {address}" if address else "locally"
+            raise UserError(f"cannot start or reach Ray {where}: {_one_line(str(exc))}") from None
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)

@@ -138,7 +138,6 @@ def test_sweep_ttl_rejects_a_bad_duration(cli, bad):
 
 def test_plan_recommends_a_deployment_and_writes_its_files(cli, tmp_path):
     import yaml
-
     from conftest import tiny_dict
 
     config = tmp_path / "tiny.yaml"
@@ -155,6 +154,7 @@ def test_plan_recommends_a_deployment_and_writes_its_files(cli, tmp_path):
     assert "recommended:" in res.output and "delta vs base" in res.output
     doc = json.loads((out / "plan" / "plan.json").read_text())
     assert doc["recommended"]["replicas"] >= 1 and doc["why"]
+    assert (out / "recommended" / "summary.json").exists()  # the input of `report`
     assert (out / "plan" / "frontier.png").exists() and (out / "plan" / "shapes.csv").exists()
     what_if = json.loads((out / "what_if" / "plan.json").read_text())
     assert what_if["target_rps"] == pytest.approx(2 * doc["target_rps"])

@@ -177,9 +177,6 @@ def test_the_ray_executor_without_ray_says_how_to_install_it(tmp_path, config, m
 
 
 @pytest.mark.ray
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.filterwarnings("ignore::FutureWarning")
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_the_ray_executor_runs_points_as_ray_tasks(tmp_path, config):
     pytest.importorskip("ray", reason="the optional `ray` extra is not installed")
     points = [GridPoint({"pools.decode.ep": 8}), GridPoint({"pools.decode.ep": 16})]

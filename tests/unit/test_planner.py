@@ -68,7 +68,9 @@ def test_search_prunes_only_shapes_that_cannot_win(monkeypatch: pytest.MonkeyPat
         p = sc.pools
         return 1.5 * TRUE_RATE[(p.prefill.ep, p.prefill.instances, p.decode.ep)]
 
-    def fake_evaluate(config: str, base: Any, shape: Any, hi: float, target: float) -> Any:
+    def fake_evaluate(
+        config: str, base: Any, shape: Any, hi: float, target: float, runs: Any = None
+    ) -> Any:
         evaluated.append(key(shape))
         sc = load_scenario(config, [*base.overrides, *shape.overrides()])
         gpus, usd_h = planner.unit_cost(sc)
@@ -93,7 +95,7 @@ def test_search_prunes_only_shapes_that_cannot_win(monkeypatch: pytest.MonkeyPat
     # exhaustive optimum
     costs = {}
     for shape in candidate_shapes(sc):
-        gpus, usd_h = planner.unit_cost(load_scenario("default", [*over, *shape.overrides()]))
+        _, usd_h = planner.unit_cost(load_scenario("default", [*over, *shape.overrides()]))
         replicas = math.ceil(400 / (TRUE_RATE[key(shape)] * sc.planner.headroom))
         costs[key(shape)] = replicas * usd_h
     best = min(costs, key=costs.__getitem__)
