@@ -124,25 +124,29 @@ class KvStore:
         self.writes += 1
         counts: dict[int, int] = {}
         where = self.where
+        ages = [g[traffic_class] for g in self.age]
+        lost = self.lost
         for h in hashes.tolist():
             entry = where.get(h)
-            if entry is not None:
-                group, cls = entry
-                if cls != traffic_class:
-                    del self.age[group][cls][h]
-            else:
+            if entry is None:  # a new key lands at the end of both orders by itself
                 group = self._group_for(h)
                 if group < 0:
                     self.writes_failed += 1
                     continue
-                self.lost.discard(h)
-            where[h] = (group, traffic_class)
-            age = self.age[group][traffic_class]
-            age[h] = now
-            age.move_to_end(h)
-            lru = self.lru[group]
-            lru[h] = None
-            lru.move_to_end(h)
+                if lost:
+                    lost.discard(h)
+                where[h] = (group, traffic_class)
+                ages[group][h] = now
+                self.lru[group][h] = None
+            else:
+                group, cls = entry
+                if cls != traffic_class:
+                    del self.age[group][cls][h]
+                    where[h] = (group, traffic_class)
+                age = ages[group]
+                age[h] = now
+                age.move_to_end(h)
+                self.lru[group].move_to_end(h)
             counts[group] = counts.get(group, 0) + 1
         self.written_blocks += sum(counts.values())
         latency = 0.0

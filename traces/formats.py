@@ -32,11 +32,9 @@ per-client rate and length distributions; :func:`read_format` names them and ref
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
-import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -46,7 +44,14 @@ import pandas as pd
 
 from deepinfer_sim.errors import TraceError
 from deepinfer_sim.traces._files import FORMATS, SERVEGEN, read_bytes
-from deepinfer_sim.traces.readers import _describe, _raise_first_bad, _trace_name
+from deepinfer_sim.traces.readers import (
+    _Check,
+    _describe,
+    _int_column,
+    _raise_first_bad,
+    _read_csv,
+    _trace_name,
+)
 from deepinfer_sim.traces.source import RequestSource
 
 __all__ = [
@@ -90,55 +95,6 @@ def _fresh_blocks(input_len: np.ndarray, block_tokens: int) -> tuple[np.ndarray,
 
 
 # ---------------------------------------------------------------------------- CSV helpers
-
-
-_Check = tuple[np.ndarray, str, str]
-"""(bad-row mask, column, what is expected), as in the Azure reader."""
-
-
-def _read_csv(path: str | os.PathLike[str], required: tuple[str, ...]) -> tuple[str, pd.DataFrame]:
-    """Parse a CSV with a header into string columns; check the ``required`` columns."""
-    file = str(path)
-    data = read_bytes(path)
-    if not data.strip():
-        raise TraceError(file, "file is empty: no header and no requests")
-    try:
-        df = pd.read_csv(
-            io.BytesIO(data),
-            dtype=str,
-            na_filter=False,
-            keep_default_na=False,
-            skip_blank_lines=False,
-            encoding="utf-8",
-        )
-    except pd.errors.ParserError as e:
-        match = re.search(r"in line (\d+)", str(e))
-        line = int(match.group(1)) if match else None
-        raise TraceError(file, f"malformed CSV: {str(e).splitlines()[-1]}", line=line) from None
-    except UnicodeDecodeError as e:
-        raise TraceError(file, f"not UTF-8 text: {e}") from None
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise TraceError(
-            file,
-            f"missing column(s) {missing}; expected a header with {','.join(required)}, "
-            f"got {','.join(map(str, df.columns))}",
-            line=1,
-        )
-    if df.empty:
-        raise TraceError(file, "no requests after the header line")
-    return file, df
-
-
-def _int_column(df: pd.DataFrame, column: str, low: int) -> tuple[np.ndarray, list[_Check]]:
-    """Parse an integer column (values 0 where bad) and return it with its checks."""
-    text = df[column].fillna("").str.strip()
-    ok = text.str.fullmatch(r"[+-]?\d{1,18}").to_numpy(dtype=bool)
-    values = text.where(ok, "0").astype(np.int64).to_numpy()
-    return values, [
-        (~ok, column, "expected an integer"),
-        (ok & (values < low), column, f"must be >= {low}"),
-    ]
 
 
 def _seconds_column(df: pd.DataFrame, column: str) -> tuple[np.ndarray, list[_Check]]:

@@ -153,19 +153,52 @@ def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") 
 
 
 _Check = tuple[np.ndarray, str, str]
-"""(bad-row mask, column, what is expected) for one Azure column check."""
+"""(bad-row mask, column, what is expected) for one CSV column check."""
 
 
-def _azure_tokens(df: pd.DataFrame, column: str, low: int) -> tuple[np.ndarray, list[_Check]]:
-    """Parse an integer column; return values (0 where bad) and its checks."""
-    values = df[column].str.strip()
-    ok = values.str.fullmatch(r"[+-]?\d{1,18}").to_numpy(dtype=bool)
-    tokens = values.where(ok, "0").astype(np.int64).to_numpy()
-    checks = [
+def _int_column(df: pd.DataFrame, column: str, low: int) -> tuple[np.ndarray, list[_Check]]:
+    """Parse an integer column (values 0 where bad) and return it with its checks."""
+    text = df[column].fillna("").str.strip()
+    ok = text.str.fullmatch(r"[+-]?\d{1,18}").to_numpy(dtype=bool)
+    values = text.where(ok, "0").astype(np.int64).to_numpy()
+    return values, [
         (~ok, column, "expected an integer"),
-        (ok & (tokens < low), column, f"must be >= {low}"),
+        (ok & (values < low), column, f"must be >= {low}"),
     ]
-    return tokens, checks
+
+
+def _read_csv(path: str | os.PathLike[str], required: tuple[str, ...]) -> tuple[str, pd.DataFrame]:
+    """Parse a CSV with a header into string columns; check the ``required`` columns."""
+    file = str(path)
+    data = read_bytes(path)
+    if not data.strip():
+        raise TraceError(file, "file is empty: no header and no requests")
+    try:
+        df = pd.read_csv(
+            io.BytesIO(data),
+            dtype=str,
+            na_filter=False,
+            keep_default_na=False,
+            skip_blank_lines=False,
+            encoding="utf-8",
+        )
+    except pd.errors.ParserError as e:
+        match = re.search(r"in line (\d+)", str(e))
+        line = int(match.group(1)) if match else None
+        raise TraceError(file, f"malformed CSV: {str(e).splitlines()[-1]}", line=line) from None
+    except UnicodeDecodeError as e:
+        raise TraceError(file, f"not UTF-8 text: {e}") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise TraceError(
+            file,
+            f"missing column(s) {missing}; expected a header with {','.join(required)}, "
+            f"got {','.join(map(str, df.columns))}",
+            line=1,
+        )
+    if df.empty:
+        raise TraceError(file, "no requests after the header line")
+    return file, df
 
 
 def _raise_first_bad(file: str, df: pd.DataFrame, checks: list[_Check]) -> None:
@@ -194,43 +227,15 @@ def read_azure(
     default (``zero_output="error"``) such a row is a ``TraceError``; ``zero_output="one"``
     counts it as a one-token output instead. The two 2023 files have no such rows.
     """
-    file = str(path)
     if zero_output not in ("error", "one"):
         raise ValueError(f"zero_output: expected 'error' or 'one', got {zero_output!r}")
-    data = read_bytes(path)
-    if not data.strip():
-        raise TraceError(file, "file is empty: no header and no requests")
-    try:
-        df = pd.read_csv(
-            io.BytesIO(data),
-            dtype=str,
-            na_filter=False,
-            keep_default_na=False,
-            skip_blank_lines=False,
-            encoding="utf-8",
-        )
-    except pd.errors.ParserError as e:
-        match = re.search(r"in line (\d+)", str(e))
-        line = int(match.group(1)) if match else None
-        raise TraceError(file, f"malformed CSV: {str(e).splitlines()[-1]}", line=line) from None
-    except UnicodeDecodeError as e:
-        raise TraceError(file, f"not UTF-8 text: {e}") from None
-    missing = [c for c in _AZURE_COLUMNS if c not in df.columns]
-    if missing:
-        raise TraceError(
-            file,
-            f"missing column(s) {missing}; expected header {','.join(_AZURE_COLUMNS)}, "
-            f"got {','.join(map(str, df.columns))}",
-            line=1,
-        )
-    if df.empty:
-        raise TraceError(file, "no requests after the header line")
+    file, df = _read_csv(path, _AZURE_COLUMNS)
 
     stamps = df["TIMESTAMP"].str.strip()
     parsed = pd.to_datetime(stamps, format="ISO8601", errors="coerce")
-    input_len, input_checks = _azure_tokens(df, "ContextTokens", low=1)
+    input_len, input_checks = _int_column(df, "ContextTokens", low=1)
     min_output = 0 if zero_output == "one" else 1
-    output_len, output_checks = _azure_tokens(df, "GeneratedTokens", low=min_output)
+    output_len, output_checks = _int_column(df, "GeneratedTokens", low=min_output)
     time_check: _Check = (
         parsed.isna().to_numpy(),
         "TIMESTAMP",
