@@ -25,6 +25,8 @@ from ..scenario import StoragePool
 
 class StorageNodes:
     __slots__ = (
+        "_drawn",
+        "_next",
         "busy",
         "cfg",
         "data",
@@ -52,6 +54,8 @@ class StorageNodes:
         self.read_s_per_byte = 1.0 / (cfg.read_gbytes_per_s * 1e9)
         self.write_s_per_byte = 1.0 / (cfg.write_gbytes_per_s * 1e9)
         self.latency_s = cfg.node_latency_s
+        self._drawn = np.zeros(0)
+        self._next = 0
         self.read_bytes = 0.0
         self.write_bytes = 0.0
         self.rebuild_bytes = 0.0
@@ -72,8 +76,19 @@ class StorageNodes:
         done = start + nbytes * s_per_byte
         self.busy[nodes] = done
         if self.latency_s > 0:
-            done = done + self.rng.exponential(self.latency_s, nodes.size)
+            done = done + self._latencies(nodes.size)
         return done
+
+    def _latencies(self, n: int) -> np.ndarray:
+        """``n`` exponential node latencies, drawn from the stream in blocks (same sequence)."""
+        if self._next + n > self._drawn.size:
+            rest = self._drawn[self._next :]
+            fresh = self.rng.exponential(self.latency_s, 4096)
+            self._drawn = np.concatenate([rest, fresh])
+            self._next = 0
+        out = self._drawn[self._next : self._next + n]
+        self._next += n
+        return out
 
     def read(self, group: int, nbytes: float, now: float) -> float:
         """Seconds until ``nbytes`` of ``group``'s stripes are decoded (group must be readable)."""
