@@ -746,10 +746,8 @@ def read_format(
         return read_tracelab(path, traffic_class or "agent")
     if format == "parquet":
         return read_parquet(path, traffic_class)
-    if format == SERVEGEN:
-        raise TraceError(
-            str(path),
-            "this is a ServeGen workload description (per-client arrival-rate windows "
-            "or length distributions), not a per-request trace; it has no requests to read",
-        )
+    if format == SERVEGEN:  # a workload description: one synthesized day of the client
+        from deepinfer_sim.traces.multimodal import read_servegen
+
+        return read_servegen(path)
     raise TraceError(str(path), f"unknown trace format {format!r}; accepted: {', '.join(FORMATS)}")

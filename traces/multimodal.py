@@ -6,7 +6,11 @@ tokens, image tokens, image count and output tokens. :func:`pool_servegen` mixes
 (client, window) PMF weighted by that window's request rate into one PMF per field — the traffic
 mix of the whole service — and the result ships as ``traces/data/servegen_mm_image_pmf.json``.
 
-:func:`generate_multimodal` samples requests from it: Poisson arrivals at ``requests_per_s``;
+:func:`read_servegen` instead replays one client's own day from its chunk pair (its fitted
+inter-arrival distribution per window, its per-window PMFs), which is how ``read_trace`` and
+``deepinfer-sim trace`` read a ServeGen file.
+
+:func:`generate_multimodal` samples requests from the pooled PMFs: Poisson arrivals at ``requests_per_s``;
 ``image_count`` from its PMF; image tokens from the image-token PMF given that count is non-zero
 (the PMFs are marginals, so tokens and count are drawn independently apart from that); text and
 output tokens from theirs. A request's prompt is text + image tokens; every request gets fresh
@@ -109,6 +113,88 @@ def generate_multimodal(
         class_names=(cfg.class_name,),
         image_count=images.astype(np.int16),
         name="servegen-mm-image",
+    )
+
+
+def _pair(path: Path) -> tuple[Path, Path]:
+    """(trace.csv, dataset.json) of the ServeGen chunk ``path`` names (either file)."""
+    name = path.name
+    stem = name.removesuffix("-trace.csv").removesuffix("-dataset.json")
+    return path.with_name(f"{stem}-trace.csv"), path.with_name(f"{stem}-dataset.json")
+
+
+def read_servegen(path: str | Path, seed: int = 0, block_tokens: int = 512) -> RequestSource:
+    """One day of one ServeGen client, synthesized from its description (either chunk file).
+
+    Per 10-minute window of ``chunk-i-trace.csv``: inter-arrival times from the fitted
+    distribution (Gamma or Weibull with shape = param1 and scale = param2; exponential at the
+    window's mean rate when none is fitted); lengths and image counts from the window's PMFs in
+    ``chunk-i-dataset.json`` (the latest window at or before it that has them, else the
+    earliest). Deterministic for ``seed``."""
+    from ..errors import TraceError
+
+    trace, dataset = _pair(Path(path))
+    for part in (trace, dataset):
+        if not part.exists():
+            raise TraceError(str(path), f"a ServeGen chunk needs its pair {part.name} beside it")
+    with trace.open() as fh:
+        rows = [r for r in csv.reader(fh) if r]
+    pmfs = {int(w): v for w, v in json.loads(dataset.read_text()).items()}
+    if not pmfs:
+        raise TraceError(str(dataset), "no length distributions in this ServeGen chunk")
+    windows = sorted(pmfs)
+    rng = stream(seed, f"servegen/{trace.name}")
+    arrivals: list[np.ndarray] = []
+    fields: dict[str, list[np.ndarray]] = {f: [] for f in FIELDS}
+    for line, row in enumerate(rows, start=1):
+        try:
+            start, rate = float(row[0]), float(row[1])
+            dist, a, b = (
+                row[3],
+                (float(row[4]) if row[4] else 0.0),
+                (float(row[5]) if row[5] else 0.0),
+            )
+        except (IndexError, ValueError):
+            raise TraceError(
+                str(trace), "expected window_start,rate,cv,dist,param1,param2", line
+            ) from None
+        if rate <= 0:
+            continue
+        n_max = int(rate * 600 * 3) + 16
+        if dist == "Gamma" and a > 0 and b > 0:
+            gaps = rng.gamma(a, b, n_max)
+        elif dist == "Weibull" and a > 0 and b > 0:
+            gaps = b * rng.weibull(a, n_max)
+        else:
+            gaps = rng.exponential(1.0 / rate, n_max)
+        t = start + np.cumsum(gaps)
+        t = t[t < start + 600.0]
+        at = max((w for w in windows if w <= start), default=windows[0])
+        window = pmfs[at]
+        for name in FIELDS:
+            values = ast.literal_eval(window[name])
+            pmf = {"values": list(values), "probs": list(values.values())}
+            fields[name].append(_draw(pmf, rng, t.size))
+        arrivals.append(t)
+    arrival = np.concatenate(arrivals) if arrivals else np.zeros(0)
+    col = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in fields.items()}
+    images = col["image_count"]
+    input_len = np.maximum(col["text_tokens"] + np.where(images > 0, col["image_tokens"], 0), 1)
+    blocks = -(-input_len // block_tokens)
+    offsets = np.zeros(arrival.size + 1, dtype=np.int64)
+    np.cumsum(blocks, out=offsets[1:])
+    return RequestSource.from_columns(
+        arrival_s=arrival,
+        input_len=input_len,
+        output_len=np.maximum(col["output_tokens"], 1),
+        block_offsets=offsets,
+        block_hashes=np.arange(offsets[-1], dtype=np.int64),
+        block_tokens=block_tokens,
+        traffic_class=np.zeros(arrival.size, dtype=np.int8),
+        class_names=("multimodal",),
+        image_count=images.astype(np.int16),
+        name=f"servegen-{trace.name.removesuffix('-trace.csv')}",
+        sort=True,
     )
 
 

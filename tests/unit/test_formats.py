@@ -675,16 +675,24 @@ def test_read_trace_detects_every_format_from_name_and_first_line(tmp_path):
     assert set(FORMATS) >= {"burstgpt", "qwen", "vidur", "tracelab", "parquet"}
 
 
-def test_servegen_rate_and_length_files_are_refused_with_a_reason(tmp_path):
-    """ServeGen's chunk files describe per-client rates and length distributions; they hold
-    no requests, and reading one says so instead of failing on a column name."""
-    rates = write_lines(tmp_path / "chunk-0-trace.csv", ["0,0.805,0.57,Gamma,3.08,0.36"])
+def test_servegen_chunks_synthesize_their_client_day(tmp_path):
+    """A ServeGen chunk (rate windows + length PMFs) reads as that client's synthesized day:
+    arrivals follow the window's rate, lengths its PMFs; either file of the pair works."""
+    rates = write_lines(tmp_path / "chunk-0-trace.csv", ["0,2.0,1.0,,,", "600,0,0,,,"])
     lengths = tmp_path / "chunk-0-dataset.json"
-    lengths.write_text(json.dumps({"0": {"text_tokens": "{136: 1.0}"}}, indent=2))
+    pmf = {"text_tokens": "{100: 1.0}", "image_tokens": "{500: 1.0}", "image_count": "{1: 1.0}",
+           "output_tokens": "{20: 0.5, 40: 0.5}"}  # fmt: skip
+    lengths.write_text(json.dumps({"0": pmf}, indent=2))
     for path in (rates, lengths):
         assert sniff_format(path) == SERVEGEN
-        with pytest.raises(TraceError, match="ServeGen workload description"):
-            read_trace(path)
+        src = read_trace(path)
+        assert len(src) == pytest.approx(1200, rel=0.15)  # 2 req/s over one 10-minute window
+        assert (src.arrival_s < 600).all() and (src.input_len == 600).all()
+        assert set(src.output_len.tolist()) == {20, 40} and (src.image_count == 1).all()
+    assert np.array_equal(read_trace(rates).arrival_s, read_trace(lengths).arrival_s)
+    (tmp_path / "chunk-0-dataset.json").unlink()
+    with pytest.raises(TraceError, match="needs its pair"):
+        read_trace(rates)
 
 
 @pytest.mark.skipif(not SERVEGEN_DIR.exists(), reason=f"shared traces not found under {SHARED}")
