@@ -259,12 +259,17 @@ def _print_eplb(res: dict[str, Any]) -> None:
     help="Re-plan with this change too and report the delta (repeatable; e.g. "
     "planner.traffic_scale=2, pools.storage.ttl_s.chatbot=259200, network.placement=cross_dc).",
 )  # fmt: skip
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Worker processes here, or Ray tasks.")  # fmt: skip
+@click.option("--address", "ray_address", default=None, help="Ray cluster address (ray only).")
 @_overrides
 def plan(
     config: str,
     workers: int,
     out_dir: str | None,
     what_ifs: tuple[str, ...],
+    executor: str,
+    ray_address: str | None,
     overrides: tuple[str, ...],
 ) -> None:
     """The cheapest deployment of CONFIG's model that serves its workload within the SLOs.
@@ -282,7 +287,13 @@ def plan(
         load_scenario(config, [*overrides, *what_ifs])  # a bad what-if fails before any run
     out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan"
     con = _console()
-    base = run_plan(config, list(overrides), workers, _plan_progress(con), str(out / "plan/runs"))
+
+    def run(over: list[str], where: str):
+        return run_plan(
+            config, over, workers, _plan_progress(con), str(out / where), executor, ray_address
+        )
+
+    base = run(list(overrides), "plan/runs")
     write_plan(base, out / "plan")
     print_plan(con, base, "plan")
     runs = []
@@ -292,9 +303,7 @@ def plan(
         shutil.copytree(base.best.run_dir, out / "recommended", dirs_exist_ok=True)
         runs.append(str(out / "recommended"))
     if what_ifs:
-        changed = run_plan(
-            config, [*overrides, *what_ifs], workers, _plan_progress(con), str(out / "what_if/runs")
-        )
+        changed = run([*overrides, *what_ifs], "what_if/runs")
         write_plan(changed, out / "what_if", base)
         print_plan(con, changed, "what if " + ", ".join(what_ifs), base)
         runs += [changed.best.run_dir] if changed.best else []

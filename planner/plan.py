@@ -17,6 +17,7 @@ target rate. Shapes run in parallel worker processes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -30,6 +31,7 @@ from ..sim.engine import simulate
 from ..sim.storage_sizing import nodes_for, ttl_report
 from ..traces.workload import build_source
 from .bounds import WorkloadStats, rate_bound
+from .sweep import ray_context
 
 
 @dataclass(frozen=True)
@@ -270,7 +272,11 @@ def plan(
     workers: int = 1,
     progress: Callable[[ShapeResult], None] | None = None,
     runs_dir: str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> Plan:
+    """Search the scenario's candidate shapes (see the module notes); ``executor="ray"`` runs
+    each batch of ``workers`` shapes as Ray tasks (a local instance, or ``ray_address``)."""
     sc = load_scenario(config, list(overrides))
     source = build_source(sc.workload, sc.seed)
     stats = WorkloadStats.of(source)
@@ -294,7 +300,9 @@ def plan(
     # cheapest possible deployment first: enough replicas at the bound
     results.sort(key=lambda r: math.ceil(target / r.bound_rps) * r.unit_usd_h)
     best_usd = math.inf
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    stack = contextlib.ExitStack()
+    ray = stack.enter_context(ray_context(workers, ray_address)) if executor == "ray" else None
+    pool = ProcessPoolExecutor(workers) if workers > 1 and ray is None else None
     try:
         pending = list(results)
         while pending:
@@ -309,11 +317,13 @@ def plan(
                     continue
                 batch.append(r)
             args = [(config, base, r.shape, r.bound_rps, target, runs_dir) for r in batch]
-            done = (
-                [evaluate_shape(*a) for a in args]
-                if pool is None
-                else list(pool.map(evaluate_shape, *zip(*args, strict=True)))
-            )
+            if ray is not None:
+                remote = ray.remote(num_cpus=1, max_retries=0)(evaluate_shape)
+                done = ray.get([remote.remote(*a) for a in args])
+            elif pool is not None:
+                done = list(pool.map(evaluate_shape, *zip(*args, strict=True)))
+            else:
+                done = [evaluate_shape(*a) for a in args]
             for r, d in zip(batch, done, strict=True):
                 idx = results.index(r)
                 results[idx] = d
@@ -327,4 +337,5 @@ def plan(
     finally:
         if pool is not None:
             pool.shutdown()
+        stack.close()
     return Plan(target, storage_nodes, storage_usd_h, stats.output_tokens, results)

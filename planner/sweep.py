@@ -35,7 +35,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from datetime import UTC, datetime
 from hashlib import sha1
@@ -177,14 +177,10 @@ def _import_ray() -> Any:
     return ray
 
 
-def _ray(
-    tasks: list[dict[str, Any]],
-    workers: int,
-    address: str | None,
-    done: Callable[[dict[str, Any]], None],
-) -> None:
-    if not tasks:
-        return
+@contextlib.contextmanager
+def ray_context(workers: int, address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, initialized (a local instance of ``workers`` CPUs, or the cluster at
+    ``address``) for the duration, unless the caller had already initialized it."""
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
@@ -198,6 +194,21 @@ def _ray(
             raise UserError(f"cannot start or reach Ray {where}: {_one_line(str(exc))}") from None
         started = True
     try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _ray(
+    tasks: list[dict[str, Any]],
+    workers: int,
+    address: str | None,
+    done: Callable[[dict[str, Any]], None],
+) -> None:
+    if not tasks:
+        return
+    with ray_context(workers, address) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
         pending = {remote.remote(t): t for t in tasks}
         while pending:
@@ -209,9 +220,6 @@ def _ray(
                 except Exception as exc:  # the task's worker died
                     record = _failed(task, f"ray task failed: {type(exc).__name__}: {exc}")
                 done(record)
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def _failed(task: Mapping[str, Any], message: str) -> dict[str, Any]:

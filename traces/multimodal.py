@@ -10,12 +10,13 @@ mix of the whole service — and the result ships as ``traces/data/servegen_mm_i
 inter-arrival distribution per window, its per-window PMFs), which is how ``read_trace`` and
 ``deepinfer-sim trace`` read a ServeGen file.
 
-:func:`generate_multimodal` samples requests from the pooled PMFs: Poisson arrivals at ``requests_per_s``;
-``image_count`` from its PMF; image tokens from the image-token PMF given that count is non-zero
-(the PMFs are marginals, so tokens and count are drawn independently apart from that); text and
-output tokens from theirs. A request's prompt is text + image tokens; every request gets fresh
-block ids (images and their questions are not shared across users). The vision encoder stage
-costs each image by ``pools.vision`` (``tokens_per_image`` × encoder parameters).
+:func:`generate_multimodal` samples requests from the pooled PMFs: Poisson arrivals at
+``requests_per_s``; ``image_count`` from its PMF; image tokens from the image-token PMF given
+that count is non-zero (the PMFs are marginals, so tokens and count are drawn independently
+apart from that); text and output tokens from theirs. A request's prompt is text + image
+tokens; every request gets fresh block ids (images and their questions are not shared across
+users). The vision encoder stage costs each image by ``pools.vision`` (``tokens_per_image`` ×
+encoder parameters).
 """
 
 from __future__ import annotations

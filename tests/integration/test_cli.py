@@ -164,3 +164,24 @@ def test_plan_recommends_a_deployment_and_writes_its_files(cli, tmp_path):
 def test_plan_rejects_a_bad_what_if_before_running(cli):
     res = cli("plan", "default", "--what-if", "pools.decode.epp=3")
     assert res.exit_code == 2 and "pools.decode.epp" in res.output
+
+
+@pytest.mark.ray
+def test_plan_on_ray_matches_the_local_executor(tmp_path):
+    pytest.importorskip("ray")
+    import yaml
+    from conftest import tiny_dict
+
+    from deepinfer_sim.planner.plan import plan
+
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_dict()))
+    over = [
+        "planner.prefill_ep=[2]", "planner.prefill_instances=[1]", "planner.decode_ep=[8]",
+        "planner.bisection_steps=2", "planner.probe_seconds=20", "planner.probe_min_requests=100",
+    ]  # fmt: skip
+    local = plan(str(config), over)
+    remote = plan(str(config), over, workers=1, executor="ray")
+    assert local.best is not None and remote.best is not None
+    assert remote.best.sustainable_rps == local.best.sustainable_rps
+    assert remote.best.replicas == local.best.replicas
