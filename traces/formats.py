@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,7 +46,9 @@ from deepinfer_sim.traces._files import FORMATS, SERVEGEN, read_bytes
 from deepinfer_sim.traces.readers import (
     _Check,
     _describe,
+    _fresh_blocks,
     _int_column,
+    _jsonl_objects,
     _raise_first_bad,
     _read_csv,
     _trace_name,
@@ -82,19 +83,6 @@ def _check_zero_output(zero_output: str) -> int:
     if zero_output not in _ZERO_OUTPUT:
         raise ValueError(f"zero_output: expected 'error' or 'one', got {zero_output!r}")
     return 0 if zero_output == "one" else 1
-
-
-def _fresh_blocks(input_len: np.ndarray, block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """CSR offsets and never-repeated block ids for a trace without prefix information."""
-    if block_tokens < 1:
-        raise ValueError(f"block_tokens: expected a positive int, got {block_tokens}")
-    counts = -(-input_len // block_tokens)
-    offsets = np.zeros(len(input_len) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return offsets, np.arange(offsets[-1], dtype=np.int64)
-
-
-# ---------------------------------------------------------------------------- CSV helpers
 
 
 def _seconds_column(df: pd.DataFrame, column: str) -> tuple[np.ndarray, list[_Check]]:
@@ -194,29 +182,6 @@ def read_vidur(
 
 
 # ---------------------------------------------------------------------------- JSONL helpers
-
-
-def _jsonl_objects(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line, object)`` for every line; blank lines and non-objects are errors."""
-    file = str(path)
-    data = read_bytes(path)
-    if not data.strip():
-        raise TraceError(file, "file is empty: no requests")
-    lines = data.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()  # the newline that ends the last line
-    for line, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            raise TraceError(file, "blank line; expected one JSON object per line", line=line)
-        try:
-            obj = json.loads(raw)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-            msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
-            col = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
-            raise TraceError(file, f"invalid JSON: {msg}{col}", line=line) from None
-        if type(obj) is not dict:
-            raise TraceError(file, f"expected a JSON object, got {_describe(obj)}", line=line)
-        yield line, obj
 
 
 class _Row:

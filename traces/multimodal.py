@@ -33,6 +33,7 @@ from pydantic import Field
 
 from ..rng import stream
 from ..validation import FrozenModel
+from .readers import _fresh_blocks
 from .source import RequestSource
 
 FIELDS = ("text_tokens", "image_tokens", "image_count", "output_tokens")
@@ -100,15 +101,13 @@ def generate_multimodal(
     text = np.maximum(_draw(pmfs["text_tokens"], rng, n), 1)
     output = np.maximum(_draw(pmfs["output_tokens"], rng, n), 1)
     input_len = text + image_tokens
-    blocks = -(-input_len // block_tokens)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(blocks, out=offsets[1:])
+    offsets, ids = _fresh_blocks(input_len, block_tokens)
     return RequestSource.from_columns(
         arrival_s=arrival,
         input_len=input_len,
         output_len=output,
         block_offsets=offsets,
-        block_hashes=np.arange(offsets[-1], dtype=np.int64),
+        block_hashes=ids,
         block_tokens=block_tokens,
         traffic_class=np.zeros(n, dtype=np.int8),
         class_names=(cfg.class_name,),
@@ -181,15 +180,13 @@ def read_servegen(path: str | Path, seed: int = 0, block_tokens: int = 512) -> R
     col = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in fields.items()}
     images = col["image_count"]
     input_len = np.maximum(col["text_tokens"] + np.where(images > 0, col["image_tokens"], 0), 1)
-    blocks = -(-input_len // block_tokens)
-    offsets = np.zeros(arrival.size + 1, dtype=np.int64)
-    np.cumsum(blocks, out=offsets[1:])
+    offsets, ids = _fresh_blocks(input_len, block_tokens)
     return RequestSource.from_columns(
         arrival_s=arrival,
         input_len=input_len,
         output_len=np.maximum(col["output_tokens"], 1),
         block_offsets=offsets,
-        block_hashes=np.arange(offsets[-1], dtype=np.int64),
+        block_hashes=ids,
         block_tokens=block_tokens,
         traffic_class=np.zeros(arrival.size, dtype=np.int8),
         class_names=("multimodal",),

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text}"
 
 
-# ---------------------------------------------------------------------------- Mooncake
+# ---------------------------------------------------------------------------- Mooncake rows
 
 
 def _mooncake_row(obj: Any, file: str, line: int) -> tuple[float, int, int, list[int]]:
@@ -101,12 +102,11 @@ def _mooncake_row(obj: Any, file: str, line: int) -> tuple[float, int, int, list
     return ts, input_len, output_len, hash_ids
 
 
-def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") -> RequestSource:
-    """Read a Mooncake FAST'25 JSONL trace (optionally gzip-compressed).
+# ---------------------------------------------------------------------------- shared helpers
 
-    ``timestamp`` is milliseconds from trace start and becomes ``arrival_s`` unchanged apart
-    from the unit. Every request gets class ``traffic_class``; there are no sessions or images.
-    """
+
+def _jsonl_objects(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line, object)`` for every line; blank lines and non-objects are errors."""
     file = str(path)
     data = read_bytes(path)
     if not data.strip():
@@ -114,11 +114,6 @@ def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") 
     lines = data.split(b"\n")
     if lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
-    timestamps: list[float] = []
-    inputs: list[int] = []
-    outputs: list[int] = []
-    hashes: list[int] = []
-    counts: list[int] = []
     for line, raw in enumerate(lines, start=1):
         if not raw.strip():
             raise TraceError(file, "blank line; expected one JSON object per line", line=line)
@@ -128,6 +123,37 @@ def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") 
             msg = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
             col = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
             raise TraceError(file, f"invalid JSON: {msg}{col}", line=line) from None
+        if type(obj) is not dict:
+            raise TraceError(file, f"expected a JSON object, got {_describe(obj)}", line=line)
+        yield line, obj
+
+
+def _fresh_blocks(input_len: np.ndarray, block_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR offsets and never-repeated block ids for a trace without prefix information."""
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens: expected a positive int, got {block_tokens}")
+    counts = -(-input_len // block_tokens)
+    offsets = np.zeros(len(input_len) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, np.arange(offsets[-1], dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------- Mooncake
+
+
+def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") -> RequestSource:
+    """Read a Mooncake FAST'25 JSONL trace (optionally gzip-compressed).
+
+    ``timestamp`` is milliseconds from trace start and becomes ``arrival_s`` unchanged apart
+    from the unit. Every request gets class ``traffic_class``; there are no sessions or images.
+    """
+    file = str(path)
+    timestamps: list[float] = []
+    inputs: list[int] = []
+    outputs: list[int] = []
+    hashes: list[int] = []
+    counts: list[int] = []
+    for line, obj in _jsonl_objects(path):
         ts, input_len, output_len, hash_ids = _mooncake_row(obj, file, line)
         timestamps.append(ts)
         inputs.append(input_len)
@@ -149,7 +175,7 @@ def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") 
     )
 
 
-# ---------------------------------------------------------------------------- Azure
+# ---------------------------------------------------------------------------- CSV helpers and Azure
 
 
 _Check = tuple[np.ndarray, str, str]
@@ -249,15 +275,13 @@ def read_azure(
     arrival = (ns - ns.min()) / 1e9
     output_len = np.maximum(output_len, 1)
 
-    n_blocks = -(-input_len // block_tokens)
-    offsets = np.zeros(len(df) + 1, dtype=np.int64)
-    np.cumsum(n_blocks, out=offsets[1:])
+    offsets, ids = _fresh_blocks(input_len, block_tokens)
     return RequestSource.from_columns(
         arrival_s=arrival,
         input_len=input_len,
         output_len=output_len,
         block_offsets=offsets,
-        block_hashes=np.arange(offsets[-1], dtype=np.int64),
+        block_hashes=ids,
         block_tokens=block_tokens,
         class_names=(traffic_class,),
         name=_trace_name(path),
