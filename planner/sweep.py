@@ -167,13 +167,22 @@ def _local(
             raise
 
 
-def _import_ray() -> Any:
+def real_ray() -> Any | None:
+    """The Ray package, or None. A directory named ``ray`` on the path (Ray's own session
+    folder /tmp/ray, when /tmp is on sys.path) imports as an empty namespace package: not Ray."""
     try:
         import ray
     except ImportError:
+        return None
+    return ray if hasattr(ray, "remote") else None
+
+
+def _import_ray() -> Any:
+    ray = real_ray()
+    if ray is None:
         raise UserError(
             "the ray executor needs Ray, which is not installed: pip install 'deepinfer-sim[ray]'"
-        ) from None
+        )
     return ray
 
 

@@ -126,7 +126,10 @@ class KvStore:
         where = self.where
         ages = [g[traffic_class] for g in self.age]
         lost = self.lost
-        for h in hashes.tolist():
+        hs = hashes.tolist()
+        if where.keys().isdisjoint(hs) and self._write_new(hashes, hs, now, traffic_class, counts):
+            hs = []  # all fresh blocks, stored in bulk
+        for h in hs:
             entry = where.get(h)
             if entry is None:  # a new key lands at the end of both orders by itself
                 group = self._group_for(h)
@@ -156,6 +159,32 @@ class KvStore:
                 self._collect(group)
             self.used_peak_blocks = max(self.used_peak_blocks, len(self.lru[group]))
         return latency
+
+    def _write_new(
+        self,
+        hashes: np.ndarray,
+        hs: list[int],
+        now: float,
+        traffic_class: int,
+        counts: dict[int, int],
+    ) -> bool:
+        """Store blocks none of which is held, a whole group at a time (dict updates in C);
+        False (nothing done) when a block's own group cannot take writes."""
+        if self.groups == 1:
+            parts = [(0, hs)] if self.writable[0] else []
+        else:
+            of = hashes % self.groups
+            parts = [(int(g), hashes[of == g].tolist()) for g in np.unique(of)]
+        if len(parts) == 0 or not all(self.writable[g] for g, _ in parts):
+            return False
+        for group, part in parts:
+            self.where.update(dict.fromkeys(part, (group, traffic_class)))
+            self.age[group][traffic_class].update(dict.fromkeys(part, now))
+            self.lru[group].update(dict.fromkeys(part))
+            if self.lost:
+                self.lost.difference_update(part)
+            counts[group] = len(part)
+        return True
 
     def _group_for(self, h: int) -> int:
         """The block's coding group: by hash, or the next one that can still take writes."""
