@@ -149,12 +149,21 @@ class GroupExperts:
         share, q2, bias = self._moments
         k = self.load.top_k
         sets = self.shape.layer_set
-        t = (tokens[:, sets] * k)[:, :, None]  # (C, L, 1) token-choices per layer
-        h = (sq_tokens[:, sets] * (k * k))[:, :, None]
-        mean = (t * share).sum(axis=0)
-        var = (t * q2 + h * bias).sum(axis=0)
+        if share.shape[0] == 1:  # one traffic class: skip the sums over classes
+            t1 = (tokens[0, sets] * k)[:, None]  # (L, 1) token-choices per layer
+            mean = share[0] * t1
+            var = q2[0] * t1
+            var += bias[0] * (sq_tokens[0, sets] * (k * k))[:, None]
+        else:
+            t = (tokens[:, sets] * k)[:, :, None]  # (C, L, 1)
+            h = (sq_tokens[:, sets] * (k * k))[:, :, None]
+            mean = (t * share).sum(axis=0)
+            var = (t * q2 + h * bias).sum(axis=0)
         z = self.rng.standard_normal(mean.shape)
-        loads = np.maximum(mean + np.sqrt(var) * z, 0.0)
+        loads = np.sqrt(var, out=var)  # the (L, R) loads, built in place
+        loads *= z
+        loads += mean
+        np.maximum(loads, 0.0, out=loads)
         total = loads.sum()
         if total <= 0:
             return 1.0

@@ -49,42 +49,51 @@ class StorageNodes:
         self.width = cfg.width
         self.data = cfg.data_chunks
         self.groups = cfg.nodes // cfg.width
-        self.busy = np.zeros(cfg.nodes)  # time each node's queue drains
-        self.failed = np.zeros(cfg.nodes, dtype=bool)
+        # plain lists: a group is 12 nodes, where numpy's per-call overhead would dominate
+        self.busy = [0.0] * cfg.nodes  # time each node's queue drains
+        self.failed = [False] * cfg.nodes
         self.read_s_per_byte = 1.0 / (cfg.read_gbytes_per_s * 1e9)
         self.write_s_per_byte = 1.0 / (cfg.write_gbytes_per_s * 1e9)
         self.latency_s = cfg.node_latency_s
-        self._drawn = np.zeros(0)
+        self._drawn: list[float] = []
         self._next = 0
         self.read_bytes = 0.0
         self.write_bytes = 0.0
         self.rebuild_bytes = 0.0
         self.degraded_reads = 0
 
-    def members(self, group: int) -> np.ndarray:
-        return np.arange(group * self.width, (group + 1) * self.width)
+    def members(self, group: int) -> range:
+        return range(group * self.width, (group + 1) * self.width)
+
+    def live(self, group: int) -> list[int]:
+        failed = self.failed
+        return [n for n in self.members(group) if not failed[n]]
 
     def failed_in(self, group: int) -> int:
-        return int(self.failed[group * self.width : (group + 1) * self.width].sum())
+        return sum(self.failed[group * self.width : (group + 1) * self.width])
 
     def readable(self, group: int) -> bool:
         return self.failed_in(group) <= self.cfg.parity_chunks
 
-    def _serve(self, nodes: np.ndarray, nbytes: float, s_per_byte: float, now: float) -> np.ndarray:
+    def _serve(self, nodes: list[int], nbytes: float, s_per_byte: float, now: float) -> list[float]:
         """Queue ``nbytes`` on each of ``nodes``; their answer times."""
-        start = np.maximum(self.busy[nodes], now)
-        done = start + nbytes * s_per_byte
-        self.busy[nodes] = done
+        busy = self.busy
+        service = nbytes * s_per_byte
+        done = []
+        for n in nodes:
+            t = max(busy[n], now) + service
+            busy[n] = t
+            done.append(t)
         if self.latency_s > 0:
-            done = done + self._latencies(nodes.size)
+            lat = self._latencies(len(nodes))
+            done = [d + x for d, x in zip(done, lat, strict=True)]
         return done
 
-    def _latencies(self, n: int) -> np.ndarray:
-        """``n`` exponential node latencies, drawn from the stream in blocks (same sequence)."""
-        if self._next + n > self._drawn.size:
+    def _latencies(self, n: int) -> list[float]:
+        """``n`` exponential node latencies, drawn from the stream in blocks."""
+        if self._next + n > len(self._drawn):
             rest = self._drawn[self._next :]
-            fresh = self.rng.exponential(self.latency_s, 4096)
-            self._drawn = np.concatenate([rest, fresh])
+            self._drawn = rest + self.rng.exponential(self.latency_s, 4096).tolist()
             self._next = 0
         out = self._drawn[self._next : self._next + n]
         self._next += n
@@ -92,23 +101,22 @@ class StorageNodes:
 
     def read(self, group: int, nbytes: float, now: float) -> float:
         """Seconds until ``nbytes`` of ``group``'s stripes are decoded (group must be readable)."""
-        members = self.members(group)
-        live = members[~self.failed[members]]
+        live = self.live(group)
         want = self.data + 1
-        if live.size > want:
-            live = live[np.argsort(self.busy[live], kind="stable")[:want]]
-        elif live.size < want:
+        if len(live) > want:
+            busy = self.busy
+            live = sorted(live, key=busy.__getitem__)[:want]
+        elif len(live) < want:
             self.degraded_reads += 1
-        self.read_bytes += nbytes * live.size / self.data
+        self.read_bytes += nbytes * len(live) / self.data
         answers = self._serve(live, nbytes / self.data, self.read_s_per_byte, now)
-        return float(np.partition(answers, self.data - 1)[self.data - 1] - now)
+        return sorted(answers)[self.data - 1] - now
 
     def write(self, group: int, nbytes: float, now: float) -> float:
         """Seconds until every live node of ``group`` holds its chunk of ``nbytes``."""
-        members = self.members(group)
-        live = members[~self.failed[members]]
-        self.write_bytes += nbytes * live.size / self.data
-        return float(self._serve(live, nbytes / self.data, self.write_s_per_byte, now).max() - now)
+        live = self.live(group)
+        self.write_bytes += nbytes * len(live) / self.data
+        return max(self._serve(live, nbytes / self.data, self.write_s_per_byte, now)) - now
 
     def fail(self, node: int) -> None:
         self.failed[node] = True
@@ -120,12 +128,7 @@ class StorageNodes:
         share = group_bytes / self.data
         if share <= 0 or not self.readable(group):
             return
-        members = self.members(group)
-        sources = members[(~self.failed[members]) & (members != node)][: self.data]
+        sources = [n for n in self.live(group) if n != node][: self.data]
         self._serve(sources, share, self.read_s_per_byte, now)
-        self._serve(np.array([node]), share, self.write_s_per_byte, now)
-        self.rebuild_bytes += share * (sources.size + 1)
-
-    def used_time(self, now: float) -> np.ndarray:
-        """Seconds of queued work per node (0 when idle)."""
-        return np.maximum(self.busy - now, 0.0)
+        self._serve([node], share, self.write_s_per_byte, now)
+        self.rebuild_bytes += share * (len(sources) + 1)

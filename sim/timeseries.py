@@ -111,7 +111,7 @@ class TimeseriesSampler:
             "storage_used_frac": kv.used_fraction(),
             "storage_blocks": float(len(kv)),
             "storage_read_gbps": gbps,
-            "storage_failed_nodes": float(kv.nodes.failed.sum()),
+            "storage_failed_nodes": float(sum(kv.nodes.failed)),
         }
 
     def _imbalance(self, pool: str, now: dict[str, float]) -> float:

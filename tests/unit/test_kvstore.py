@@ -134,7 +134,7 @@ def test_read_completes_at_the_tenth_answer_and_skips_a_busy_node() -> None:
     assert kv.read(blocks, now) == pytest.approx(chunk_s)
     kv.nodes.busy[3] = now + 1.0  # one node is busy for a second: the read avoids it
     assert kv.read(blocks, now + 10 * chunk_s) == pytest.approx(chunk_s)
-    kv.nodes.busy[:] = 0.0
+    kv.nodes.busy = [0.0] * 12
     kv.nodes.busy[3] = now + 1.0
     kv.fail_node(0)
     kv.fail_node(1)  # ten survivors, one of them busy: the degraded read waits for it
@@ -157,7 +157,7 @@ def test_repair_rebuilds_the_nodes_share_from_ten_survivors() -> None:
     share = 30 * BLOCK / 10
     assert kv.nodes.rebuild_bytes == pytest.approx(share * 11)
     assert kv.nodes.busy[4] == pytest.approx(100.0 + share / 5e9)
-    assert (kv.nodes.busy > 100.0).sum() == 11  # ten sources and the rebuilt node
+    assert sum(b > 100.0 for b in kv.nodes.busy) == 11  # ten sources and the rebuilt node
 
 
 def test_logical_capacity_and_coding_width_validation() -> None:
