@@ -46,9 +46,9 @@ from deepinfer_sim.traces._files import FORMATS, SERVEGEN, read_bytes
 from deepinfer_sim.traces.readers import (
     _Check,
     _describe,
-    _fresh_blocks,
     _int_column,
     _jsonl_objects,
+    _lengths_only,
     _raise_first_bad,
     _read_csv,
     _trace_name,
@@ -131,17 +131,8 @@ def read_burstgpt(
     input_len, input_checks = _int_column(df, "Request tokens", low=1)
     output_len, output_checks = _int_column(df, "Response tokens", low=min_output)
     _raise_first_bad(file, df, [*time_checks, *input_checks, *output_checks])
-    offsets, hashes = _fresh_blocks(input_len, block_tokens)
-    return RequestSource.from_columns(
-        arrival_s=arrival,
-        input_len=input_len,
-        output_len=np.maximum(output_len, 1),
-        block_offsets=offsets,
-        block_hashes=hashes,
-        block_tokens=block_tokens,
-        class_names=(traffic_class,),
-        name=_trace_name(path),
-        sort=True,
+    return _lengths_only(
+        path, arrival, input_len, np.maximum(output_len, 1), block_tokens, traffic_class
     )
 
 
@@ -167,18 +158,7 @@ def read_vidur(
     input_len, input_checks = _int_column(df, "num_prefill_tokens", low=1)
     output_len, output_checks = _int_column(df, "num_decode_tokens", low=1)
     _raise_first_bad(file, df, [*time_checks, *input_checks, *output_checks])
-    offsets, hashes = _fresh_blocks(input_len, block_tokens)
-    return RequestSource.from_columns(
-        arrival_s=arrival,
-        input_len=input_len,
-        output_len=output_len,
-        block_offsets=offsets,
-        block_hashes=hashes,
-        block_tokens=block_tokens,
-        class_names=(traffic_class,),
-        name=_trace_name(path),
-        sort=True,
-    )
+    return _lengths_only(path, arrival, input_len, output_len, block_tokens, traffic_class)
 
 
 # ---------------------------------------------------------------------------- JSONL helpers

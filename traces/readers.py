@@ -138,6 +138,29 @@ def _fresh_blocks(input_len: np.ndarray, block_tokens: int) -> tuple[np.ndarray,
     return offsets, np.arange(offsets[-1], dtype=np.int64)
 
 
+def _lengths_only(
+    path: str | os.PathLike[str],
+    arrival: np.ndarray,
+    input_len: np.ndarray,
+    output_len: np.ndarray,
+    block_tokens: int,
+    traffic_class: str,
+) -> RequestSource:
+    """A source from a trace without prefix information: fresh block ids for every request."""
+    offsets, ids = _fresh_blocks(input_len, block_tokens)
+    return RequestSource.from_columns(
+        arrival_s=arrival,
+        input_len=input_len,
+        output_len=output_len,
+        block_offsets=offsets,
+        block_hashes=ids,
+        block_tokens=block_tokens,
+        class_names=(traffic_class,),
+        name=_trace_name(path),
+        sort=True,
+    )
+
+
 # ---------------------------------------------------------------------------- Mooncake
 
 
@@ -275,18 +298,7 @@ def read_azure(
     arrival = (ns - ns.min()) / 1e9
     output_len = np.maximum(output_len, 1)
 
-    offsets, ids = _fresh_blocks(input_len, block_tokens)
-    return RequestSource.from_columns(
-        arrival_s=arrival,
-        input_len=input_len,
-        output_len=output_len,
-        block_offsets=offsets,
-        block_hashes=ids,
-        block_tokens=block_tokens,
-        class_names=(traffic_class,),
-        name=_trace_name(path),
-        sort=True,
-    )
+    return _lengths_only(path, arrival, input_len, output_len, block_tokens, traffic_class)
 
 
 # ---------------------------------------------------------------------------- dispatch
