@@ -17,8 +17,6 @@ import click
 
 from .cli_common import UserErrorGroup, console, overrides_option
 
-_console = console
-
 
 def _fmt(v: Any, unit: str = "") -> str:
     if v is None:
@@ -36,7 +34,7 @@ def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
     from rich.table import Table
 
     s = summary
-    con = _console()
+    con = console()
     req = s["requests"]
     t = Table(title=f"deepinfer-sim: {s['scenario']}", show_header=True, header_style="bold")
     t.add_column("latency")
@@ -99,7 +97,7 @@ def run(
     if show:
         from rich.progress import Progress
 
-        bar = Progress(console=_console(stderr=True), transient=True)
+        bar = Progress(console=console(stderr=True), transient=True)
         task = bar.add_task("simulating", total=None)
         bar.start()
 
@@ -164,13 +162,14 @@ def show(config: str, overrides: tuple[str, ...]) -> None:
 @click.option(
     "--requests-per-rank",
     type=click.IntRange(1),
-    help="Requests per rank per step (default: prefill 4 prompts, decode 60 sequences).",
+    help="Requests per rank per step (default: policies.eplb.benchmark, 4 prompts / 60 sequences).",
 )
 @click.option(
     "--tokens-per-request",
     type=click.FloatRange(min=1.0),
-    help="Routed tokens per request per step (default: prefill 8,192; decode: what the "
-    "scenario's speculative policy verifies at this concurrency, measured offline).",
+    help="Routed tokens per request per step (default: prefill policies.eplb.benchmark; "
+    "decode: what the scenario's speculative policy verifies at this concurrency, measured "
+    "offline).",
 )
 @click.option("--steps", type=click.IntRange(1), help="Steps (default: 3 re-assignment periods).")
 @click.option("--step-s", type=click.FloatRange(min=0, min_open=True), help="Seconds per step.")
@@ -194,31 +193,16 @@ def eplb(
     --set policies.eplb.decode.period_steps=... etc.); no cluster run.
     """
     from .scenario import load_scenario
-    from .sim.eplb_analysis import benchmark_point
-    from .sim.offline import steady_throughput
+    from .sim.eplb_analysis import benchmark_point, operating_point
+    from .sim.expert_parallel import Pool
 
     sc = load_scenario(config, list(overrides))
-    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    which: Pool = "prefill" if pool == "prefill" else "decode"
+    cfg = sc.pools.prefill if which == "prefill" else sc.pools.decode
     ep = ep or cfg.ep
     redundant = cfg.redundant_experts_per_gpu if redundant is None else redundant
-    requests = requests_per_rank or (4 if pool == "prefill" else 60)
-    if tokens_per_request is None:
-        if pool == "prefill":
-            tokens_per_request = 8192.0
-        else:
-            at = load_scenario(config, [*overrides, f"pools.decode.ep={ep}"])
-            run = steady_throughput(at, requests, steps=200, warmup=20)
-            tokens_per_request = 1.0 + run.verify_tokens_per_seq_step
-    res = benchmark_point(
-        sc,
-        "prefill" if pool == "prefill" else "decode",
-        ep,
-        redundant,
-        requests,
-        tokens_per_request,
-        steps,
-        step_s,
-    )
+    requests, tokens = operating_point(sc, which, ep, requests_per_rank, tokens_per_request)
+    res = benchmark_point(sc, which, ep, redundant, requests, tokens, steps, step_s)
     _print_eplb(res)
     if json_file:
         Path(json_file).write_text(json.dumps(res, indent=1) + "\n")
@@ -246,7 +230,7 @@ def _print_eplb(res: dict[str, Any]) -> None:
             f"{r['moved_bytes'] / 1e9:,.1f}",
             f"{r['stall_s']:.3f}",
         )
-    _console().print(t)
+    console().print(t)
 
 
 @main.command()
@@ -286,7 +270,7 @@ def plan(
     if what_ifs:
         load_scenario(config, [*overrides, *what_ifs])  # a bad what-if fails before any run
     out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan"
-    con = _console()
+    con = console()
 
     def run(over: list[str], where: str):
         return run_plan(
@@ -416,7 +400,7 @@ def _print_ttl(frame: Any, requests: int, out: Path) -> None:
             f"{by.loc['all', 'needed_tb']:,.1f}",
             f"{by.loc['all', 'nodes_needed']}",
         )
-    con = _console()
+    con = console()
     con.print(t)
     con.print(f"results in {out}")
 

@@ -15,8 +15,7 @@ import click
 from .cli_common import overrides_option, user_errors
 from .errors import UserError
 
-_user_errors = user_errors
-_overrides = overrides_option(
+_sweep_overrides = overrides_option(
     "Override a config value for every point, e.g. --set workload.max_requests=2000 (repeatable)."
 )
 
@@ -52,9 +51,9 @@ _overrides = overrides_option(
     type=click.Path(file_okay=False),
     help="Output folder (default runs/<scenario>-<grid name>).",
 )
-@_overrides
+@_sweep_overrides
 @click.option("--plots", is_flag=True, help="Write each point's PNG plots (off for speed).")
-@_user_errors
+@user_errors
 def sweep_grid(
     config: str,
     grid_file: str,
@@ -167,7 +166,7 @@ def _print_sweep(table: Any, keys: list[str], limit: int = 60) -> None:
     type=click.Path(dir_okay=False),
     help="HTML file (default RUN_DIR/report.html for one run, ./report.html for several).",
 )
-@_user_errors
+@user_errors
 def report(run_dirs: tuple[str, ...], out_file: str | None) -> None:
     """One self-contained HTML page for one run, or several compared with the first."""
     from .planner.report import render_report

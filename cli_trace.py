@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .cli_common import UserErrorGroup
+from .cli_common import UserErrorGroup, overrides_option
 from .errors import UserError
 
 # The formats of ``traces._files.FORMATS``, spelled out so that loading the CLI does not import
@@ -89,13 +89,7 @@ def convert(src: str, out: str, fmt: str | None) -> None:
 @trace.command()
 @click.argument("config")
 @click.argument("out")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override a config value by dotted key (repeatable).",
-)
+@overrides_option("Override a config value by dotted key (repeatable).")
 def synth(config: str, out: str, overrides: tuple[str, ...]) -> None:
     """Build CONFIG's workload (trace or generator, windowed and scaled) and write it to OUT
     as native parquet."""

@@ -264,6 +264,18 @@ class EplbPool(FrozenModel):
     )
 
 
+class EplbBenchmark(FrozenModel):
+    """The steady operating point ``deepinfer-sim eplb`` (and benchmarks/eplb_fit.py) measure
+    at, unless told otherwise."""
+
+    prefill_requests_per_rank: int = Field(4, ge=1, description="prompts per DP rank per step")
+    prefill_tokens_per_request: int = Field(8192, ge=1, description="new tokens per prompt")
+    decode_requests_per_rank: int = Field(
+        60, ge=1, description="sequences per rank (the article's DSpark/EPLB benchmark point)"
+    )
+    decode_context_tokens: int = Field(8192, ge=1, description="context of every sequence")
+
+
 class Eplb(FrozenModel):
     imbalance: Literal["live", "constant"] = Field(
         "live",
@@ -273,6 +285,7 @@ class Eplb(FrozenModel):
     load: ExpertLoad = ExpertLoad()
     prefill: EplbPool = EplbPool(window_steps=100, period_steps=1000)
     decode: EplbPool = EplbPool(window_steps=1000, period_steps=10000)
+    benchmark: EplbBenchmark = EplbBenchmark()
 
     @model_validator(mode="before")
     @classmethod

@@ -48,14 +48,19 @@ SKEWS = [0.0, 0.15, 0.3, 0.45, 0.6, 0.8]
 SCALES = [0.1, 0.3, 1.0, 3.0, 10.0]
 
 
-def points(verify: float) -> dict[str, dict[str, Any]]:
+def points(sc: Scenario, verify: float) -> dict[str, dict[str, Any]]:
+    """The article's three measurements at the scenario's ``policies.eplb.benchmark`` point."""
+    b = sc.policies.eplb.benchmark
+    pre = {"pool": "prefill", "redundant": sc.pools.prefill.redundant_experts_per_gpu,
+           "requests": b.prefill_requests_per_rank,
+           "tokens": float(b.prefill_tokens_per_request)}  # fmt: skip
     return {
-        "prefill EP4/DP4": {"pool": "prefill", "ep": 4, "redundant": 4, "requests": 4,
-                            "tokens": 8192.0, "target": 1.074},
-        "prefill EP2/DP2": {"pool": "prefill", "ep": 2, "redundant": 4, "requests": 4,
-                            "tokens": 8192.0, "target": 1.045},
-        "decode EP64": {"pool": "decode", "ep": 64, "redundant": 1, "requests": 60,
-                        "tokens": verify, "target": 1.090},
+        "prefill EP4/DP4": {**pre, "ep": 4, "target": 1.074},
+        "prefill EP2/DP2": {**pre, "ep": 2, "target": 1.045},
+        "decode EP64": {"pool": "decode", "ep": 64,
+                        "redundant": sc.pools.decode.redundant_experts_per_gpu,
+                        "requests": b.decode_requests_per_rank, "tokens": verify,
+                        "target": 1.090},
     }  # fmt: skip
 
 
@@ -152,8 +157,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="the scenario's parameters only")
     args = ap.parse_args()
     sc = load_scenario("default")
-    dec = steady_throughput(sc, 60, steps=400, warmup=40)
-    pts = points(1.0 + dec.verify_tokens_per_seq_step)  # the sequence's token + its drafts
+    bench = sc.policies.eplb.benchmark
+    dec = steady_throughput(
+        sc, bench.decode_requests_per_rank, bench.decode_context_tokens, steps=400, warmup=40
+    )
+    pts = points(sc, 1.0 + dec.verify_tokens_per_seq_step)  # the sequence's token + its drafts
     base = sc.policies.eplb.load
     out: dict[str, Any] = {"decode_verify_tokens_per_seq_at_60": dec.verify_tokens_per_seq_step,
                            "load_model": base.model_dump()}  # fmt: skip

@@ -53,17 +53,7 @@ def workload(requests: int, seed: int) -> RequestSource:
     span = last + last / (len(base) - 1)  # as workload.build_source tiles: one mean gap apart
     big = tile(base, -(-requests // len(base)), span)
     codes = np.random.default_rng(seed).integers(0, 2, len(big))
-    return RequestSource.from_columns(
-        arrival_s=big.arrival_s,
-        input_len=big.input_len,
-        output_len=big.output_len,
-        block_offsets=big.block_offsets,
-        block_hashes=big.block_hashes,
-        block_tokens=big.block_tokens,
-        traffic_class=codes,
-        class_names=("chatbot", "agent"),
-        name=f"{big.name}-2class",
-    )
+    return big.with_classes(codes, ("chatbot", "agent")).with_name(f"{big.name}-2class")
 
 
 def _clock() -> tuple[float, float]:

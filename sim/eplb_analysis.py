@@ -21,6 +21,7 @@ from .engine import make_step_cost
 from .expert_load import ExpertLoadModel
 from .expert_parallel import GroupExperts, GroupShape, Pool, group_shape, pool_layer_sets
 from .metrics import dist_stats
+from .offline import steady_throughput
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,38 @@ def benchmark_step_s(
     sc: Scenario, pool: Pool, ep: int, redundant: int, requests: int, tokens: float
 ) -> float:
     """The cost model's time for one benchmark step: ``requests`` per rank of ``tokens`` each
-    (prefill: new prompts; decode: sequences at 8,192 tokens of context verifying ``tokens``)."""
+    (prefill: new prompts; decode: sequences at the benchmark's context verifying ``tokens``)."""
     model = load_model(sc.model)
     cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
     cost = make_step_cost(sc, pool, model, load_hardware(cfg.hardware), ep, redundant)
     if pool == "prefill":
         return cost.prefill_step([[(int(tokens), 0)] * requests] * ep)
     batch = np.full(ep, float(requests))
-    return cost.decode_step(batch, batch * 8192, tokens)
+    context = sc.policies.eplb.benchmark.decode_context_tokens
+    return cost.decode_step(batch, batch * context, tokens)
+
+
+def operating_point(
+    sc: Scenario,
+    pool: Pool,
+    ep: int,
+    requests_per_rank: int | None = None,
+    tokens_per_request: float | None = None,
+) -> tuple[int, float]:
+    """(requests per rank, routed tokens per request) of the benchmark step at EP ``ep``: what is
+    given, else the scenario's ``policies.eplb.benchmark`` point, where a decode sequence computes
+    its token plus the drafts DSpark verifies at that concurrency (``steady_throughput``)."""
+    bench = sc.policies.eplb.benchmark
+    if pool == "prefill":
+        requests = requests_per_rank or bench.prefill_requests_per_rank
+        return requests, tokens_per_request or float(bench.prefill_tokens_per_request)
+    requests = requests_per_rank or bench.decode_requests_per_rank
+    if tokens_per_request is not None:
+        return requests, tokens_per_request
+    decode = sc.pools.decode.model_copy(update={"ep": ep})
+    at = sc.model_copy(update={"pools": sc.pools.model_copy(update={"decode": decode})})
+    run = steady_throughput(at, requests, context=bench.decode_context_tokens, steps=200, warmup=20)
+    return requests, 1.0 + run.verify_tokens_per_seq_step
 
 
 def benchmark_point(

@@ -11,6 +11,29 @@ import pytest
 from deepinfer_sim.scenario import Scenario, scenario_from_dict
 from deepinfer_sim.traces import RequestSource
 
+SOURCE_ARRAYS = (
+    "arrival_s",
+    "input_len",
+    "output_len",
+    "block_offsets",
+    "block_hashes",
+    "traffic_class",
+    "image_count",
+    "session_id",
+)
+
+
+def assert_same_source(a: RequestSource, b: RequestSource, *, exact: bool = False) -> None:
+    """Every column, class name and block size equal; ``exact`` also checks dtypes and name."""
+    for field in SOURCE_ARRAYS:
+        x, y = getattr(a, field), getattr(b, field)
+        if exact:
+            assert x.dtype == y.dtype, field
+        np.testing.assert_array_equal(x, y, err_msg=field)
+    assert (a.class_names, a.block_tokens) == (b.class_names, b.block_tokens)
+    if exact:
+        assert a.name == b.name
+
 
 def make_source(
     arrivals: Any,

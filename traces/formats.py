@@ -131,9 +131,9 @@ def read_burstgpt(
     input_len, input_checks = _int_column(df, "Request tokens", low=1)
     output_len, output_checks = _int_column(df, "Response tokens", low=min_output)
     _raise_first_bad(file, df, [*time_checks, *input_checks, *output_checks])
-    return _lengths_only(
-        path, arrival, input_len, np.maximum(output_len, 1), block_tokens, traffic_class
-    )
+    output_len = np.maximum(output_len, 1)
+    name = _trace_name(path)
+    return _lengths_only(name, arrival, input_len, output_len, block_tokens, traffic_class)
 
 
 # ---------------------------------------------------------------------------- Vidur
@@ -158,7 +158,8 @@ def read_vidur(
     input_len, input_checks = _int_column(df, "num_prefill_tokens", low=1)
     output_len, output_checks = _int_column(df, "num_decode_tokens", low=1)
     _raise_first_bad(file, df, [*time_checks, *input_checks, *output_checks])
-    return _lengths_only(path, arrival, input_len, output_len, block_tokens, traffic_class)
+    name = _trace_name(path)
+    return _lengths_only(name, arrival, input_len, output_len, block_tokens, traffic_class)
 
 
 # ---------------------------------------------------------------------------- JSONL helpers

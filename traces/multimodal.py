@@ -33,7 +33,7 @@ from pydantic import Field
 
 from ..rng import stream
 from ..validation import FrozenModel
-from .readers import _fresh_blocks
+from .readers import _lengths_only
 from .source import RequestSource
 
 FIELDS = ("text_tokens", "image_tokens", "image_count", "output_tokens")
@@ -101,18 +101,8 @@ def generate_multimodal(
     text = np.maximum(_draw(pmfs["text_tokens"], rng, n), 1)
     output = np.maximum(_draw(pmfs["output_tokens"], rng, n), 1)
     input_len = text + image_tokens
-    offsets, ids = _fresh_blocks(input_len, block_tokens)
-    return RequestSource.from_columns(
-        arrival_s=arrival,
-        input_len=input_len,
-        output_len=output,
-        block_offsets=offsets,
-        block_hashes=ids,
-        block_tokens=block_tokens,
-        traffic_class=np.zeros(n, dtype=np.int8),
-        class_names=(cfg.class_name,),
-        image_count=images.astype(np.int16),
-        name="servegen-mm-image",
+    return _lengths_only(
+        "servegen-mm-image", arrival, input_len, output, block_tokens, cfg.class_name, images
     )
 
 
@@ -180,20 +170,9 @@ def read_servegen(path: str | Path, seed: int = 0, block_tokens: int = 512) -> R
     col = {k: (np.concatenate(v) if v else np.zeros(0, np.int64)) for k, v in fields.items()}
     images = col["image_count"]
     input_len = np.maximum(col["text_tokens"] + np.where(images > 0, col["image_tokens"], 0), 1)
-    offsets, ids = _fresh_blocks(input_len, block_tokens)
-    return RequestSource.from_columns(
-        arrival_s=arrival,
-        input_len=input_len,
-        output_len=np.maximum(col["output_tokens"], 1),
-        block_offsets=offsets,
-        block_hashes=ids,
-        block_tokens=block_tokens,
-        traffic_class=np.zeros(arrival.size, dtype=np.int8),
-        class_names=("multimodal",),
-        image_count=images.astype(np.int16),
-        name=f"servegen-{trace.name.removesuffix('-trace.csv')}",
-        sort=True,
-    )
+    name = f"servegen-{trace.name.removesuffix('-trace.csv')}"
+    output = np.maximum(col["output_tokens"], 1)
+    return _lengths_only(name, arrival, input_len, output, block_tokens, "multimodal", images)
 
 
 def main() -> None:

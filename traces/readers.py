@@ -139,14 +139,15 @@ def _fresh_blocks(input_len: np.ndarray, block_tokens: int) -> tuple[np.ndarray,
 
 
 def _lengths_only(
-    path: str | os.PathLike[str],
+    name: str,
     arrival: np.ndarray,
     input_len: np.ndarray,
     output_len: np.ndarray,
     block_tokens: int,
     traffic_class: str,
+    image_count: np.ndarray | None = None,
 ) -> RequestSource:
-    """A source from a trace without prefix information: fresh block ids for every request."""
+    """A one-class source without prefix information: fresh block ids for every request."""
     offsets, ids = _fresh_blocks(input_len, block_tokens)
     return RequestSource.from_columns(
         arrival_s=arrival,
@@ -156,7 +157,8 @@ def _lengths_only(
         block_hashes=ids,
         block_tokens=block_tokens,
         class_names=(traffic_class,),
-        name=_trace_name(path),
+        image_count=image_count,
+        name=name,
         sort=True,
     )
 
@@ -298,7 +300,8 @@ def read_azure(
     arrival = (ns - ns.min()) / 1e9
     output_len = np.maximum(output_len, 1)
 
-    return _lengths_only(path, arrival, input_len, output_len, block_tokens, traffic_class)
+    name = _trace_name(path)
+    return _lengths_only(name, arrival, input_len, output_len, block_tokens, traffic_class)
 
 
 # ---------------------------------------------------------------------------- dispatch

@@ -15,7 +15,7 @@ prefix cache can reuse.
 The arrays of a source built by :meth:`RequestSource.from_columns` or by any derived operation
 are read-only, so one source can be shared by many scenarios without one run changing another's
 input. Derived operations (``window``, ``head``, ``scale_rate``, ``select``, ``with_arrivals``,
-``merge``) return new sources and never modify ``self``.
+``with_classes``, ``merge``) return new sources and never modify ``self``.
 """
 
 from __future__ import annotations
@@ -352,6 +352,22 @@ class RequestSource:
         if not (math.isfinite(factor) and factor > 0):
             raise ValueError(f"scale_rate: factor must be finite and > 0, got {factor}")
         return replace(self, arrival_s=_frozen(self.arrival_s / factor))
+
+    def with_classes(self, traffic_class: Any, class_names: Sequence[str]) -> RequestSource:
+        """The same requests with new traffic-class codes (one per row) and class names."""
+        return RequestSource.from_columns(
+            arrival_s=self.arrival_s,
+            input_len=self.input_len,
+            output_len=self.output_len,
+            block_offsets=self.block_offsets,
+            block_hashes=self.block_hashes,
+            block_tokens=self.block_tokens,
+            traffic_class=traffic_class,
+            class_names=tuple(class_names),
+            image_count=self.image_count,
+            session_id=self.session_id,
+            name=self.name,
+        )
 
     def with_name(self, name: str) -> RequestSource:
         """The same requests under another name."""

@@ -252,3 +252,13 @@ def test_same_seed_same_factors() -> None:
         tok, sq = one_class_tokens(1, 800.0)
         runs.append([g.step(float(t), tok, sq) for t in range(12)])
     assert runs[0] == runs[1]
+
+
+def test_operating_point_comes_from_the_eplb_benchmark_config() -> None:
+    from deepinfer_sim.scenario import load_scenario
+    from deepinfer_sim.sim.eplb_analysis import operating_point
+
+    sc = load_scenario("default", ["policies.eplb.benchmark.prefill_requests_per_rank=3"])
+    assert operating_point(sc, "prefill", 4) == (3, 8192.0)
+    assert operating_point(sc, "prefill", 4, 2, 100.0) == (2, 100.0)
+    assert operating_point(sc, "decode", 64, tokens_per_request=4.5) == (60, 4.5)

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import assert_same_source
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,25 +39,6 @@ from deepinfer_sim.traces.stats import lru_prefix_hit_tokens, trace_stats
 SHARED = Path(__file__).parents[2] / ".." / "shared" / "traces"
 TRACELAB = SHARED / "tracelab_example" / "round_trace.jsonl"
 SERVEGEN_DIR = SHARED / "servegen_mm_image"
-
-ARRAY_FIELDS = (
-    "arrival_s",
-    "input_len",
-    "output_len",
-    "block_offsets",
-    "block_hashes",
-    "traffic_class",
-    "image_count",
-    "session_id",
-)
-
-
-def assert_identical(a: RequestSource, b: RequestSource) -> None:
-    for field in ARRAY_FIELDS:
-        x, y = getattr(a, field), getattr(b, field)
-        assert x.dtype == y.dtype, field
-        np.testing.assert_array_equal(x, y, err_msg=field)
-    assert (a.class_names, a.block_tokens, a.name) == (b.class_names, b.block_tokens, b.name)
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -518,8 +500,8 @@ def test_parquet_round_trips_the_shipped_mooncake_trace_exactly(tmp_path):
     path = tmp_path / "m.parquet"
     write_parquet(source, path)
     back = read_parquet(path)
-    assert_identical(source, back)
-    assert_identical(source, read_trace(path))  # sniffed by the extension
+    assert_same_source(source, back, exact=True)
+    assert_same_source(source, read_trace(path), exact=True)  # sniffed by the extension
 
 
 @st.composite
@@ -554,7 +536,7 @@ def sources(draw):
 def test_parquet_round_trips_any_source(tmp_path_factory, source):
     path = tmp_path_factory.mktemp("p") / "s.parquet"
     write_parquet(source, path)
-    assert_identical(source, read_parquet(path))
+    assert_same_source(source, read_parquet(path), exact=True)
 
 
 def _table(**change: Any) -> pa.Table:

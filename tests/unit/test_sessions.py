@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import assert_same_source
 from pydantic import ValidationError
 
 from deepinfer_sim.sim.ttl_sweep import ALL, ttl_sweep
@@ -66,16 +67,7 @@ def test_the_source_is_valid_sorted_and_labelled(default_small: RequestSource) -
 def test_same_seed_same_workload_and_other_seed_another() -> None:
     cfg = small()
     a, b, c = generate_sessions(cfg, 7), generate_sessions(cfg, 7), generate_sessions(cfg, 8)
-    for field in (
-        "arrival_s",
-        "input_len",
-        "output_len",
-        "block_offsets",
-        "block_hashes",
-        "traffic_class",
-        "session_id",
-    ):
-        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert_same_source(a, b, exact=True)
     assert len(a) != len(c) or not np.array_equal(a.arrival_s, c.arrival_s)
 
 

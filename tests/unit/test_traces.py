@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_same_source
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,17 +53,6 @@ SHARED_ORIGINAL = {
     "azure_code": AZURE_CODE,
 }
 
-ARRAY_FIELDS = (
-    "arrival_s",
-    "input_len",
-    "output_len",
-    "block_offsets",
-    "block_hashes",
-    "traffic_class",
-    "image_count",
-    "session_id",
-)
-
 
 def make_source(
     arrival_s, input_len, *, block_tokens=4, hashes=None, output_len=None, name="test"
@@ -85,13 +75,6 @@ def make_source(
 
 def block_lists(source: RequestSource) -> list[list[int]]:
     return [source.blocks(i).tolist() for i in range(len(source))]
-
-
-def assert_same_arrays(a: RequestSource, b: RequestSource) -> None:
-    for field in ARRAY_FIELDS:
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
-    assert a.class_names == b.class_names
-    assert a.block_tokens == b.block_tokens
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -182,7 +165,7 @@ def test_builtin_traces_parse_like_the_shared_originals(name):
     _, fmt, traffic_class = BUILTIN_TRACES[name]
     builtin = read_trace(f"builtin:{name}")
     original = read_trace(SHARED_ORIGINAL[name], format=fmt, traffic_class=traffic_class)
-    assert_same_arrays(builtin, original)
+    assert_same_source(builtin, original)
     assert builtin.name == name
 
 
@@ -572,9 +555,9 @@ def test_uniform_spreading_is_reproducible_per_seed():
     one = spread_buckets(source, 3.0, "uniform", rng=np.random.default_rng(1))
     again = spread_buckets(source, 3.0, "uniform", rng=np.random.default_rng(1))
     other = spread_buckets(source, 3.0, "uniform", rng=np.random.default_rng(2))
-    assert_same_arrays(one, again)
+    assert_same_source(one, again)
     assert not np.array_equal(one.arrival_s, other.arrival_s)
-    assert_same_arrays(one, spread_buckets(source, 3.0, "uniform", rng=1))
+    assert_same_source(one, spread_buckets(source, 3.0, "uniform", rng=1))
     with pytest.raises(ValueError, match="needs rng"):
         spread_buckets(source, 3.0, "uniform")
 
@@ -675,3 +658,14 @@ def test_spreading_invariants(source, window, method, seed):
     assert np.all(spread.arrival_s[lone] == t[lone])  # lone requests stay put
     original = block_lists(source)
     assert block_lists(spread) == [original[r] for r in row]
+
+
+def test_with_classes_relabels_without_touching_the_rest():
+    src = read_trace("builtin:mooncake_conversation").head(50)
+    codes = np.arange(50) % 2
+    two = src.with_classes(codes, ("chatbot", "agent"))
+    assert two.class_names == ("chatbot", "agent")
+    assert two.traffic_class.tolist() == codes.tolist()
+    assert_same_source(two.with_classes(src.traffic_class, src.class_names), src)
+    with pytest.raises(ValueError):
+        src.with_classes(codes, ("chatbot",))  # code 1 has no name

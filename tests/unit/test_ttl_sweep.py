@@ -167,17 +167,7 @@ def mooncake() -> RequestSource:
     """The first 600 requests of the shipped Mooncake conversation trace, two random classes."""
     src = read_trace("builtin:mooncake_conversation").head(600)
     codes = np.random.default_rng(7).integers(0, 2, len(src))
-    return RequestSource.from_columns(
-        arrival_s=src.arrival_s,
-        input_len=src.input_len,
-        output_len=src.output_len,
-        block_offsets=src.block_offsets,
-        block_hashes=src.block_hashes,
-        block_tokens=src.block_tokens,
-        traffic_class=codes,
-        class_names=("chatbot", "agent"),
-        name="mooncake600",
-    )
+    return src.with_classes(codes, ("chatbot", "agent")).with_name("mooncake600")
 
 
 def assert_matches_reference(frame: pd.DataFrame, ref: ReferenceTtlStore, span: float) -> None:
