@@ -412,44 +412,13 @@ def _duration_label(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-@main.command()
-@click.option("--device", default="cuda", show_default=True, help="torch device to measure on.")
-@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False))
-@click.option("--quick", is_flag=True, help="Smaller grids (a few minutes on an H200).")
-@click.option("--hardware", default=None, help="HardwareSpec name of the device (auto-detected).")
-@click.option("--name", default=None, help="Profile name (default: <hardware>-measured).")
-def calibrate(
-    device: str, out_file: str, quick: bool, hardware: str | None, name: str | None
-) -> None:
-    """Measure the kernels on a device, fit the step-cost models, write a profile YAML.
-
-    Needs the `calibrate` extra (torch). Then point a scenario at the profile with
-    --set cost_model.prefill=PROFILE.yaml --set cost_model.decode=PROFILE.yaml.
-    """
-    from .calibration.run import run_calibration
-
-    run_calibration(device=device, out=Path(out_file), quick=quick, hardware=hardware, name=name)
-
-
-@main.command("derive-profile")
-@click.argument("measured")
-@click.option("--targets", required=True, help="Comma-separated hardware names, e.g. b200,gb200.")
-@click.option("--name", required=True, help="Name of the derived profile.")
-@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False))
-def derive_profile(measured: str, targets: str, name: str, out_file: str) -> None:
-    """Derive a profile for other hardware from a MEASURED one by roofline ratios."""
-    from .calibration.derive import derive
-    from .calibration.profile import load_profile, write_profile
-
-    prof = derive(load_profile(measured), name, [t.strip() for t in targets.split(",") if t])
-    write_profile(prof, Path(out_file))
-    click.echo(f"wrote {out_file} ({', '.join(prof.hardware)})")
-
-
 def _register() -> None:
+    from .cli_calibrate import calibrate, derive_profile, merge_profiles
     from .cli_plan import report, sweep_grid
     from .cli_trace import trace
 
+    for command in (calibrate, derive_profile, merge_profiles):
+        main.add_command(command)
     main.add_command(trace)
     main.add_command(report)
     sweep.add_command(sweep_grid, "grid")

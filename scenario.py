@@ -702,22 +702,25 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
 
 
 def check_profile(ref: str, model: ModelSpec, hardware: str, base_dir: Path | None) -> None:
-    """A profile must cover the pool's hardware and have been measured at the model's widths."""
+    """A profile must have fits for the model (its own, or those of a fitted model with the same
+    layer widths) on the pool's hardware, for every attention kind of the model's layers; else
+    one ConfigError naming what is missing (the model's fits, the hardware or a kind)."""
     from .calibration.profile import load_profile
 
     profile = load_profile(ref, base_dir)
-    profile.for_hardware(hardware)
-    measured = load_model(profile.model_family)
-    same = (
-        measured.hidden == model.hidden
-        and measured.attention == model.attention
-        and measured.moe.expert_width == model.moe.expert_width
-    )
-    if not same:
+    coefs = profile.coefs(model, hardware)
+    kinds = list(dict.fromkeys(g.attention for g in model.layer_groups))
+    missing = [
+        f"{phase} {kind}"
+        for kind in kinds
+        for phase, table in (("prefill", coefs.prefill), ("decode", coefs.decode))
+        if kind not in table
+    ]
+    if missing:
         raise ConfigError(
             "",
-            f"profile {profile.name!r} was measured at {profile.model_family} widths; "
-            f"model {model.name} has different widths (use roofline or calibrate it)",
+            f"profile {profile.name!r} has no {', '.join(missing)} fit on {hardware} for model "
+            f"{model.name} (calibrate it, or use roofline)",
         )
 
 

@@ -1,93 +1,196 @@
 """Derive a profile for hardware that is not at hand from a measured one, by roofline ratios.
 
 Each fitted coefficient is a time per unit of some work, and each kind of work is bound by one
-resource, so a coefficient moves to other hardware by the ratio of that resource's rate:
+resource, so a coefficient moves to other hardware by the ratio of that resource's rate — taken
+in the dtype it was **measured** in on the source hardware versus the dtype the **model** uses on
+the target. The model's dtype counts only where the target has units for it: MXFP4 experts run at
+the FP4 rate and read MXFP4 bytes on SM100 or Ascend 950, but on an H200, which has no FP4, they
+stay in the measured dtype (FP8). So deriving for the hardware a profile was measured on, in the
+model's own dtypes, returns the measured coefficients unchanged.
 
-- prefill a (weights read, launches): HBM bandwidth (BW_measured / BW_target)
-- prefill b (dense GEMMs per token): dense-dtype tensor rate (F_measured / F_target)
-- prefill c, d (indexer and attention): attention-dtype tensor rate
-- decode a (launches, sync): not hardware-bound, kept
-- decode w, c, d (weights, KV and per-sequence reads): HBM bandwidth
-- decode b (dense GEMMs per token): dense-dtype tensor rate
-- moe a: kept; moe e (expert weights read): HBM bandwidth × expert bytes per parameter
-- moe f (expert GEMMs per routed pair): expert-dtype tensor rate, FP4 where the target has FP4
-  units (the measured H200 ran them in FP8)
-- vision seconds per image: bf16 tensor rate
-- a2a latency and link efficiency: kept; the bandwidth comes from the target's links
+With ``mem`` = HBM bandwidth ratio, ``dense``/``expert``/``attn`` = tensor-rate ratios of the
+dense, expert and attention-compute dtypes, and ``*_bytes`` = bytes-per-element ratios (target
+dtype / measured dtype) of the dense weights, expert weights and main KV cache:
 
-The derived profile's header says "derived, not measured", from what and how. Re-running
-``deepinfer-sim calibrate`` on the target hardware replaces it with a measurement.
+================  ================================================  ==========================
+coefficient       work                                              scaled by
+================  ================================================  ==========================
+prefill a         weight reads, launches                            mem × dense_bytes
+prefill b         dense GEMMs per token                             dense
+prefill c, d      indexer and attention (n·p, n²)                   attn
+prefill e         per chunk, the prefix's cached entries (p)        mem × kv_bytes
+decode a          launches, sync (not hardware-bound)               kept
+decode w          weight reads (the GEMMs' floor)                   mem × dense_bytes
+decode b, tile    dense GEMM rows (T, rounded up to the tile)       dense; tile kept
+decode c          cache reads per context token                     mem × kv_bytes
+decode d          per-sequence reads and bookkeeping                mem
+decode e          query tokens × context (indexer/attention)        attn
+moe a             launches (not hardware-bound)                     kept
+moe e             active experts' weight reads                      mem × expert_bytes
+moe f, form/tile  expert GEMM rows                                  expert; form and tile kept
+vision            seconds per image                                 bf16 rate
+a2a               latency, link efficiency                          kept (links: target spec)
+host / engine     launch gaps, engine host time                     kept
+================  ================================================  ==========================
+
+Only a measured profile with one hardware entry per model can be derived from (a derived
+profile would compound two derivations); every model in it is derived. The derived profile's
+header says "derived, not measured", from what and how. Re-running ``deepinfer-sim calibrate`` on
+the target hardware replaces it with a measurement.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..errors import ConfigError, UserError
 from ..models.hardware import HardwareSpec
 from ..models.registry import load_hardware, load_model
-from ..models.spec import compute_class, dtype_bytes
-from .profile import DecodeCoef, HardwareCoefs, MoeCoef, PrefillCoef, Profile, Provenance
+from ..models.spec import Precision, compute_class, dtype_bytes
+from .profile import Dtypes, HardwareCoefs, ModelFits, Profile, Provenance
 
 METHOD = (
     "derived, not measured: every coefficient of the measured profile scaled by the ratio of the "
-    "resource that bounds it (dense/attention/expert tensor rate per dtype, HBM bandwidth, "
-    "expert bytes per parameter); all-to-all latency and link efficiency kept, link bandwidth "
-    "from the target hardware spec. See calibration/derive.py."
+    "resource that bounds it (dense/attention/expert tensor rate, HBM bandwidth, weight and KV "
+    "bytes per element), from the dtype measured to the model's dtype where the target has units "
+    "for it; all-to-all latency and link efficiency kept, link bandwidth from the target "
+    "hardware spec. See calibration/derive.py."
 )
 
 
-def scale_coefs(
-    base: HardwareCoefs, src: HardwareSpec, dst: HardwareSpec, profile: Profile
-) -> HardwareCoefs:
-    model = load_model(profile.model_family)
-    d = profile.dtypes
-    mem = src.hbm_bytes_per_s / dst.hbm_bytes_per_s
-    dense = src.flops(compute_class(d.dense)) / dst.flops(compute_class(model.precision.dense))
-    attn = src.flops(compute_class(d.attention)) / dst.flops(compute_class(d.attention))
-    # experts: measured in d.experts; the model ships them in precision.experts (MXFP4). On the
-    # target they run at the FP4 rate where it has FP4 units (HardwareSpec.flops falls back).
-    expert = src.flops(compute_class(d.experts)) / dst.flops(compute_class(model.precision.experts))
-    expert_bytes = dtype_bytes(model.precision.experts) / dtype_bytes(d.experts)
-    vision = src.flops("bf16") / dst.flops("bf16")
+def target_dtype(model_dtype: str, measured_dtype: str, hw: HardwareSpec) -> str:
+    """The dtype a model's ``model_dtype`` tensors run in on ``hw``: its own where ``hw`` has
+    tensor units for it, else the dtype they were measured in."""
+    cls = compute_class(model_dtype)
+    if cls in ("fp4", "fp8") and getattr(hw.flops_per_s, cls) is None:
+        return measured_dtype
+    return model_dtype
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """Target time / source time per unit of each kind of work."""
+
+    mem: float
+    dense: float
+    dense_bytes: float
+    expert: float
+    expert_bytes: float
+    attn: float
+    kv_bytes: float
+    vision: float
+
+    @classmethod
+    def of(cls, src: HardwareSpec, dst: HardwareSpec, measured: Dtypes, model: Precision) -> Ratios:
+        def rate(hw: HardwareSpec, dtype: str) -> float:
+            return hw.flops(compute_class(dtype))
+
+        dense = target_dtype(model.dense, measured.dense, dst)
+        expert = target_dtype(model.experts, measured.experts, dst)
+        kv = target_dtype(model.kv_main, measured.kv_cache, dst)
+        return cls(
+            mem=src.hbm_bytes_per_s / dst.hbm_bytes_per_s,
+            dense=rate(src, measured.dense) / rate(dst, dense),
+            dense_bytes=dtype_bytes(dense) / dtype_bytes(measured.dense),
+            expert=rate(src, measured.experts) / rate(dst, expert),
+            expert_bytes=dtype_bytes(expert) / dtype_bytes(measured.experts),
+            attn=rate(src, measured.attention) / rate(dst, measured.attention),
+            kv_bytes=dtype_bytes(kv) / dtype_bytes(measured.kv_cache),
+            vision=src.flops("bf16") / dst.flops("bf16"),
+        )
+
+
+def scale_coefs(base: HardwareCoefs, r: Ratios) -> HardwareCoefs:
+    """``base`` moved to other hardware by the ratios ``r`` (rules in the module docstring)."""
+    weights, cache = r.mem * r.dense_bytes, r.mem * r.kv_bytes
     prefill = {
-        k: PrefillCoef(a=c.a * mem, b=c.b * dense, c=c.c * attn, d=c.d * attn)
+        k: c.model_copy(
+            update={
+                "a": c.a * weights,
+                "b": c.b * r.dense,
+                "c": c.c * r.attn,
+                "d": c.d * r.attn,
+                "e": c.e * cache,
+            }
+        )
         for k, c in base.prefill.items()
     }
     decode = {
-        k: DecodeCoef(a=c.a, w=c.w * mem, b=c.b * dense, c=c.c * mem, d=c.d * mem)
+        k: c.model_copy(
+            update={
+                "w": c.w * weights,
+                "b": c.b * r.dense,
+                "c": c.c * cache,
+                "d": c.d * r.mem,
+                "e": c.e * r.attn,
+            }
+        )
         for k, c in base.decode.items()
     }
     m = base.moe
-    moe = MoeCoef(a=m.a, e=m.e * mem * expert_bytes, f=m.f * expert)
+    moe = m.model_copy(update={"e": m.e * r.mem * r.expert_bytes, "f": m.f * r.expert})
     vis = base.vision_seconds_per_image
-    return HardwareCoefs(
-        prefill=prefill,
-        decode=decode,
-        moe=moe,
-        a2a=base.a2a,
-        vision_seconds_per_image=None if vis is None else vis * vision,
-        graphed=base.graphed,
-        host_overhead_s=base.host_overhead_s,
-        engine_overhead=base.engine_overhead,
+    return base.model_copy(
+        update={
+            "prefill": prefill,
+            "decode": decode,
+            "moe": moe,
+            "vision_seconds_per_image": None if vis is None else vis * r.vision,
+        }
     )
 
 
 def derive(measured: Profile, name: str, targets: list[str]) -> Profile:
-    """A profile for ``targets`` (hardware names) derived from ``measured``'s only entry."""
-    if measured.provenance.kind != "measured" or len(measured.hardware) != 1:
-        raise ValueError("derive() needs a measured profile with one hardware entry")
-    ((src_name, base),) = measured.hardware.items()
-    src = load_hardware(src_name)
+    """A profile for ``targets`` (hardware names) derived from ``measured``: every model's only
+    hardware entry, scaled by that model's own dtypes."""
+    prov = measured.provenance
+    if prov.kind != "measured":
+        raise UserError(
+            f"profile {measured.name!r} is derived (from {prov.derived_from}), not measured: "
+            "derive from the measured profile instead"
+        )
+    if not targets:
+        raise UserError("derive needs at least one target hardware")
+    dsts = {t: load_hardware(t) for t in targets}
+    models: dict[str, ModelFits] = {}
+    sources: set[str] = set()
+    for model_name, fits in measured.models.items():
+        if len(fits.hardware) != 1:
+            raise UserError(
+                f"profile {measured.name!r} has {len(fits.hardware)} hardware entries for model "
+                f"{model_name!r} ({', '.join(sorted(fits.hardware))}); derive from a measured "
+                "profile with one"
+            )
+        try:
+            precision = load_model(model_name).precision
+        except ConfigError as exc:
+            raise UserError(
+                f"cannot derive model {model_name!r}: its precisions come from the bundled model "
+                f"of that name ({exc})"
+            ) from None
+        ((src_name, base),) = fits.hardware.items()
+        sources.add(src_name)
+        src = load_hardware(src_name)
+        models[model_name] = ModelFits(
+            dtypes=fits.dtypes,
+            widths=fits.widths,
+            hardware={
+                t: scale_coefs(base, Ratios.of(src, dst, fits.dtypes, precision))
+                for t, dst in dsts.items()
+            },
+            fit=fits.fit,
+        )
     return Profile(
         name=name,
-        model_family=measured.model_family,
         provenance=Provenance(
             kind="derived",
             derived_from=measured.name,
             method=METHOD,
-            note=f"measured on {measured.provenance.device} ({src_name}); targets "
+            kernels=prov.kernels,
+            kernel_versions=prov.kernel_versions,
+            note=f"measured on {prov.device} ({', '.join(sorted(sources))}); targets "
             + ", ".join(targets),
-            date=measured.provenance.date,
+            date=prov.date,
         ),
-        dtypes=measured.dtypes,
-        hardware={t: scale_coefs(base, src, load_hardware(t), measured) for t in targets},
-        fit=measured.fit,
+        models=models,
     )

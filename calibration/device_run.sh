@@ -1,21 +1,75 @@
 #!/usr/bin/env bash
-# One device call: quick calibration on the GPU (+ NCCL all-to-all when two GPUs are present),
-# then the engine-core replay validated against the simulator. Writes everything under $OUT.
-#   device run (kind nvidia-h200-x2, carry .whl):  bash calibration/device_run.sh
+# One device call on an H200: DeepSeek's kernels (prebuilt and carried, else built here), then
+# the stages named on the command line, each under its own time limit, a failure never stopping
+# the next. Everything lands under $OUT (at most 8 files come back: keep it so).
+#
+#   device run (kind nvidia-h200, carry .whl .kbuild):
+#     bash calibration/device_run.sh check table v41          # first call
+#     bash calibration/device_run.sh v3 replay                # second call
+#
+# Stages: check (deepseek_check + DeepGEMM probe), table (kernel table), v41 / v3 / v4flash /
+# v4pro (calibrate --kernels deepseek --quick for that model), reference (calibrate V4.1-Flash
+# with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
+# or the shipped h200-deepseek profile).
+#
+# .whl: simpy, pydantic and their dependencies as Python 3.12 wheels (the image lacks them).
+# .kbuild/site.tar.xz: flash_mla (and deep_gemm) built by vendor/build-on-gpu.sh for torch
+# 2.11 + CUDA 13 (a folder site/ inside); without it the kernels are built here (~4 min).
 set -o pipefail
 OUT=${OUT:-out/device}
-mkdir -p "$OUT/replay" /tmp/pkg
+REPO=$PWD
+mkdir -p "$OUT" /tmp/pkg
+T0=$(date +%s)
+log() { echo "== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/log.txt"; }
+DEADLINE=${DEADLINE:-570}  # seconds after start by which every stage has ended (call limit 600)
+run() {  # run LIMIT_S NAME CMD...: one stage, its output appended to the log
+  local limit=$1 name=$2; shift 2
+  local left=$(( DEADLINE - ($(date +%s) - T0) ))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -le 10 ]; then log "stage $name skipped: no time left"; return; fi
+  log "stage $name (limit ${limit}s): $*"
+  timeout "$limit" "$@" 2>&1 | tee -a "$OUT/log.txt"
+  log "stage $name exit ${PIPESTATUS[0]}"
+}
+
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-ln -sfn "$PWD" /tmp/pkg/deepinfer_sim
-export PYTHONPATH=/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1
+  --target /tmp/site "$REPO"/.whl/*.whl || exit 1
+ln -sfn "$REPO" /tmp/pkg/deepinfer_sim
+KB=/tmp/kb
+mkdir -p "$KB"
+[ -f "$REPO/.kbuild/site.tar.xz" ] && tar -xJf "$REPO/.kbuild/site.tar.xz" -C "$KB"
+export PYTHONPATH=$KB/site:/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1
+export HOME=${HOME:-/root} CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export DG_JIT_CACHE_DIR=/tmp/deep_gemm_cache
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nvidia-smi -L
-start=$(date +%s)
-python3 -m deepinfer_sim.cli calibrate --device cuda --quick --out "$OUT/h200-measured.yaml" \
-  2>&1 | tee "$OUT/calibrate.log"
-echo "calibrate: $(( $(date +%s) - start )) s" | tee -a "$OUT/calibrate.log"
-start=$(date +%s)
-python3 -m deepinfer_sim.calibration.replay --profile "$OUT/h200-measured.yaml" \
-  --out "$OUT/replay" --requests "${REPLAY_REQUESTS:-300}" 2>&1 | tee "$OUT/replay.log"
-echo "replay: $(( $(date +%s) - start )) s" | tee -a "$OUT/replay.log"
+cd /tmp  # import the kernels from site/, never from extracted sources
+nvidia-smi -L | tee -a "$OUT/log.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
+  | tee -a "$OUT/log.txt"
+if ! python3 -c "import flash_mla" >>"$OUT/log.txt" 2>&1; then
+  log "flash_mla does not import: building the vendored kernels"
+  bash "$REPO/vendor/build-on-gpu.sh" "$KB" 2>&1 | tail -5 | tee -a "$OUT/log.txt"
+  (cd "$KB" && tar -cJf "$OUT/site.tar.xz" site)
+fi
+
+P="python3 -m deepinfer_sim"
+CAL="$P.cli calibrate --device cuda --kernels deepseek --quick --name h200-deepseek"
+for stage in "$@"; do
+  case $stage in
+    check) run 150 check $P.kernels.deepseek_check --out "$OUT/check" --deepgemm ;;
+    table) run 150 table $P.calibration.kernel_table --out "$OUT/table.json" ;;
+    v41) run 330 v41 $CAL --model deepseek-v4.1-flash --out "$OUT/v41.yaml" ;;
+    v3) run 300 v3 $CAL --model deepseek-v3 --no-vision --out "$OUT/v3.yaml" ;;
+    v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision --out "$OUT/v4flash.yaml" ;;
+    v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision --out "$OUT/v4pro.yaml" ;;
+    reference) run 300 reference $P.cli calibrate --device cuda --kernels reference --quick \
+        --model deepseek-v4.1-flash --no-vision --out "$OUT/reference.yaml" ;;
+    replay)
+      prof=$OUT/v41.yaml; [ -f "$prof" ] || prof=h200-deepseek
+      run 330 replay $P.calibration.replay --profile "$prof" --out /tmp/replay \
+        --requests "${REPLAY_REQUESTS:-150}" --repeats 3
+      tar -czf "$OUT/replay.tar.gz" -C /tmp replay ;;
+    *) log "unknown stage $stage" ;;
+  esac
+done
+log "done"

@@ -1,40 +1,33 @@
-"""Fitting step-cost models to measurements, with held-out error.
+"""Fitting step-cost models to measurements, scored on off-grid shapes.
 
 Every fit minimizes *relative* error (a 10 µs kernel and a 100 ms kernel count alike), keeps
-coefficients non-negative, and is scored on points it never saw: a deterministic ~20 % of the
-measurements (every fifth, after a seeded shuffle) is held out and reported as
-``heldout_mape``, the number the calibration target (≤ 5 %) is judged by.
+coefficients non-negative, trains on ALL grid points and is scored on a separate set of off-grid
+shapes (between and beyond the grid points, see ``sweep.Grid``) that it never saw:
+``offgrid_mape`` is the number a calibration is judged by. (A random hold-out inside the grid,
+as version 1 profiles used, cannot show a form that misses between or beyond the grid.)
 
 Model forms (per layer; see ``profile.py``):
-    prefill  t = a + b·n + c·n·p + d·n²                       linear in its coefficients
-    decode   t = a + max(w, b·T) + c·K + d·B                  weights read vs GEMM compute
-    moe      t = a + e·E·(1 − exp(−R/E)) + f·R                active experts' weights + GEMMs
+    prefill  t = a + b·n + c·n·p + d·n² + e·p                   linear in its coefficients
+    decode   t = a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K       weights read vs GEMM compute;
+             τ ∈ DECODE_TILES, chosen by training error          v·K: query tokens × context
+    moe      t = a + e·E_act + f·R                   (exp)       active experts' weights + GEMMs
+             t = a + e·E_act + f·τ·E_act·⌈R/(E_act·τ)⌉  (tile)   per-expert row tiles
+             form and τ chosen by k-fold cross-validation on the training grid
+
+τ = 1 means "no tiling": the count is used as is (no rounding up), which is exactly the version 1
+form — so a profile without ``tile`` keys predicts what it always did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
-from .profile import DecodeCoef, FitError, MoeCoef, PrefillCoef
+from .profile import DECODE_TILES, MOE_TILES, DecodeCoef, FitError, MoeCoef, PrefillCoef
 
-
-@dataclass(frozen=True)
-class Split:
-    train: np.ndarray
-    heldout: np.ndarray
-
-
-def split(n: int, seed: int = 0, every: int = 5) -> Split:
-    """Hold out every ``every``-th point of a seeded permutation (at least one when n >= 3)."""
-    order = np.random.default_rng(seed).permutation(n)
-    held = np.zeros(n, dtype=bool)
-    if n >= 3:
-        held[order[::every]] = True
-    return Split(np.flatnonzero(~held), np.flatnonzero(held))
+Predict = Callable[[np.ndarray], np.ndarray]
 
 
 def ape(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -42,51 +35,83 @@ def ape(pred: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def score(
-    predict: Callable[[np.ndarray], np.ndarray], X: np.ndarray, t: np.ndarray, s: Split
+    predict: Predict,
+    X: np.ndarray,
+    t: np.ndarray,
+    X_off: np.ndarray | None = None,
+    t_off: np.ndarray | None = None,
 ) -> FitError:
-    err_train = ape(predict(X[s.train]), t[s.train])
-    err_held = ape(predict(X[s.heldout]), t[s.heldout]) if s.heldout.size else np.zeros(1)
+    """Training MAPE on (X, t); off-grid MAPE and max APE on (X_off, t_off) only."""
+    train = ape(predict(X), t)
+    if X_off is None or t_off is None or len(t_off) == 0:
+        return FitError(train_mape=float(train.mean()), n_train=int(t.size))
+    off = ape(predict(X_off), t_off)
     return FitError(
-        train_mape=float(err_train.mean()),
-        heldout_mape=float(err_held.mean()),
-        heldout_max_ape=float(err_held.max()),
-        n_train=int(s.train.size),
-        n_heldout=int(s.heldout.size),
+        train_mape=float(train.mean()),
+        offgrid_mape=float(off.mean()),
+        offgrid_max_ape=float(off.max()),
+        n_train=int(t.size),
+        n_offgrid=int(t_off.size),
     )
 
 
-# ---- prefill: t = a + b n + c n p + d n^2 ------------------------------------------------------
+def tiled(count: np.ndarray | float, tile: int) -> np.ndarray:
+    """``count`` rounded up to whole tiles of ``tile`` rows (tile 1: unchanged, not rounded)."""
+    c = np.asarray(count, dtype=float)
+    return c if tile == 1 else tile * np.ceil(c / tile)
+
+
+def kfold(n: int, k: int = 5, seed: int = 0) -> list[np.ndarray]:
+    """``k`` disjoint index sets covering 0..n-1 (a seeded permutation dealt round robin)."""
+    order = np.random.default_rng(seed).permutation(n)
+    return [order[i::k] for i in range(min(k, n))]
+
+
+# ---- prefill: t = a + b n + c n p + d n^2 + e p ------------------------------------------------
 
 
 def prefill_features(X: np.ndarray) -> np.ndarray:
     n, p = X[:, 0], X[:, 1]
-    return np.stack([np.ones_like(n), n, n * p, n * n], axis=1)
+    return np.stack([np.ones_like(n), n, n * p, n * n, p], axis=1)
 
 
-def fit_prefill(X: np.ndarray, t: np.ndarray, seed: int = 0) -> tuple[PrefillCoef, FitError]:
-    """X columns: (n new tokens, p computed prefix); t seconds."""
-    s = split(len(t), seed)
-    F = prefill_features(X[s.train])
-    w = 1.0 / t[s.train]
+def prefill_model(coef: PrefillCoef, X: np.ndarray) -> np.ndarray:
+    return prefill_features(X) @ np.array([coef.a, coef.b, coef.c, coef.d, coef.e])
+
+
+def fit_prefill(
+    X: np.ndarray,
+    t: np.ndarray,
+    X_off: np.ndarray | None = None,
+    t_off: np.ndarray | None = None,
+) -> tuple[PrefillCoef, FitError]:
+    """X columns: (n new tokens, p computed prefix); t seconds. Non-negative least squares in
+    relative error."""
+    F = prefill_features(X)
+    w = 1.0 / t
     scale = np.abs(F).max(axis=0)
     scale[scale == 0] = 1.0
     res = lsq_linear((F / scale) * w[:, None], np.ones_like(w), bounds=(0, np.inf))
-    coef = res.x / scale
-
-    def predict(Xq: np.ndarray) -> np.ndarray:
-        return prefill_features(Xq) @ coef
-
-    a, b, c, d = (float(v) for v in coef)
-    return PrefillCoef(a=a, b=b, c=c, d=d), score(predict, X, t, s)
+    a, b, c, d, e = (float(v) for v in res.x / scale)
+    coef = PrefillCoef(a=a, b=b, c=c, d=d, e=e)
+    return coef, score(lambda Xq: prefill_model(coef, Xq), X, t, X_off, t_off)
 
 
-# ---- decode: t = a + max(w, b T) + c K + d B ---------------------------------------------------
+# ---- decode: t = a + max(w, b τ ceil(T/τ)) + c K + d B + e v K ---------------------------------
 
 
-def decode_model(x: np.ndarray, X: np.ndarray) -> np.ndarray:
-    a, w, b, c, d = x
+def decode_model(x: np.ndarray, X: np.ndarray, tile: int = 1) -> np.ndarray:
+    """x = (a, w, b, c, d[, e]); X columns (B sequences, T = B·v query tokens, K context)."""
+    a, w, b, c, d = x[:5]
+    e = x[5] if len(x) > 5 else 0.0
     B, T, K = X[:, 0], X[:, 1], X[:, 2]
-    return a + np.maximum(w, b * T) + c * K + d * B
+    vK = np.divide(T * K, B, out=np.zeros_like(K, dtype=float), where=B > 0)
+    return a + np.maximum(w, b * tiled(T, tile)) + c * K + d * B + e * vK
+
+
+def decode_coef_model(coef: DecodeCoef, X: np.ndarray) -> np.ndarray:
+    x = np.array([coef.a, coef.w, coef.b, coef.c, coef.d, coef.e])
+    return decode_model(x, X, coef.tile)
 
 
 def _fit_nonlinear(
@@ -94,12 +119,12 @@ def _fit_nonlinear(
     X: np.ndarray,
     t: np.ndarray,
     x0: np.ndarray,
-    s: Split,
-) -> np.ndarray:
+) -> tuple[np.ndarray, float]:
+    """Non-negative least squares of relative residuals from three starts; (coef, cost)."""
     scale = np.where(x0 > 0, x0, 1e-9)
 
     def residual(u: np.ndarray) -> np.ndarray:
-        return (model(u * scale, X[s.train]) - t[s.train]) / t[s.train]
+        return (model(u * scale, X) - t) / t
 
     best = None
     for jitter in (1.0, 0.3, 3.0):
@@ -107,21 +132,47 @@ def _fit_nonlinear(
         if best is None or r.cost < best.cost:
             best = r
     assert best is not None
-    return best.x * scale
+    return best.x * scale, float(best.cost)
 
 
-def fit_decode(X: np.ndarray, t: np.ndarray, seed: int = 0) -> tuple[DecodeCoef, FitError]:
-    """X columns: (B sequences, T query tokens = B·v, K context tokens); t seconds."""
-    s = split(len(t), seed)
+def _decode_x0(X: np.ndarray, t: np.ndarray) -> np.ndarray:
+    B, T, K = X[:, 0], X[:, 1], X[:, 2]
+    vK = T * K / np.maximum(B, 1)
     tmin = float(t.min())
-    x0 = np.array([tmin / 2, tmin / 2, float(np.median(t / np.maximum(X[:, 1], 1))), 1e-10, 1e-7])
-    coef = _fit_nonlinear(decode_model, X, t, x0, s)
-    a, w, b, c, d = (float(v) for v in coef)
-    err = score(lambda Xq: decode_model(coef, Xq), X, t, s)
-    return DecodeCoef(a=a, w=w, b=b, c=c, d=d), err
+
+    def per(unit: np.ndarray, share: float) -> float:
+        return share * float(np.median(t / np.maximum(unit, 1)))
+
+    return np.array([tmin / 2, tmin / 2, per(T, 0.5), per(K, 0.1), per(B, 0.1), per(vK, 0.05)])
 
 
-# ---- moe: t = a + e E_active + f R ---------------------------------------------------------------
+def fit_decode(
+    X: np.ndarray,
+    t: np.ndarray,
+    X_off: np.ndarray | None = None,
+    t_off: np.ndarray | None = None,
+    tiles: tuple[int, ...] = DECODE_TILES,
+) -> tuple[DecodeCoef, FitError]:
+    """X columns: (B sequences, T query tokens = B·v, K context tokens); t seconds. The row tile
+    τ is the one with the lowest training error (ties go to the smaller tile)."""
+    x0 = _decode_x0(X, t)
+    best: tuple[float, int, np.ndarray] | None = None
+    for tile in tiles:
+
+        def model(x: np.ndarray, Xq: np.ndarray, k: int = tile) -> np.ndarray:
+            return decode_model(x, Xq, k)
+
+        coef, cost = _fit_nonlinear(model, X, t, x0)
+        if best is None or cost < best[0] * (1 - 1e-6):
+            best = (cost, tile, coef)
+    assert best is not None
+    _, tile, x = best
+    a, w, b, c, d, e = (float(v) for v in x)
+    out = DecodeCoef(a=a, w=w, b=b, c=c, d=d, e=e, tile=tile)
+    return out, score(lambda Xq: decode_coef_model(out, Xq), X, t, X_off, t_off)
+
+
+# ---- moe: t = a + e E_active + f rows ------------------------------------------------------------
 
 
 def active_experts(E: np.ndarray | float, R: np.ndarray | float) -> np.ndarray | float:
@@ -129,23 +180,68 @@ def active_experts(E: np.ndarray | float, R: np.ndarray | float) -> np.ndarray |
     return E * (1 - np.exp(-np.asarray(R, dtype=float) / E))
 
 
-def moe_model(x: np.ndarray, X: np.ndarray) -> np.ndarray:
+def moe_rows(E: np.ndarray, R: np.ndarray, tile: int) -> np.ndarray:
+    """GEMM rows of R routed pairs spread evenly over the active experts, each expert's rows
+    rounded up to whole tiles (tile 1: R itself)."""
+    R = np.asarray(R, dtype=float)
+    if tile == 1:
+        return R
+    act = np.maximum(np.asarray(active_experts(E, R), dtype=float), 1e-12)
+    return tile * act * np.ceil(R / (act * tile))
+
+
+def moe_model(x: np.ndarray, X: np.ndarray, tile: int = 1) -> np.ndarray:
     # Measured on the H200: weight reads of the active experts and the grouped GEMMs add up
     # rather than overlap (small per-expert GEMMs), 3.7 % MAPE against 12 % for a max() form.
     a, e, f = x
-    return a + e * active_experts(X[:, 0], X[:, 1]) + f * X[:, 1]
+    E, R = X[:, 0], X[:, 1]
+    return a + e * active_experts(E, R) + f * moe_rows(E, R, tile)
 
 
-def fit_moe(X: np.ndarray, t: np.ndarray, seed: int = 0) -> tuple[MoeCoef, FitError]:
-    """X columns: (E local experts, R routed token-expert pairs); t seconds."""
-    s = split(len(t), seed)
+def moe_coef_model(coef: MoeCoef, X: np.ndarray) -> np.ndarray:
+    return moe_model(np.array([coef.a, coef.e, coef.f]), X, coef.tile)
+
+
+def _moe_x0(X: np.ndarray, t: np.ndarray) -> np.ndarray:
     tmin = float(t.min())
-    x0 = np.array(
+    return np.array(
         [tmin / 4, tmin / float(X[:, 0].min()), float(np.median(t / np.maximum(X[:, 1], 1)))]
     )
-    coef = _fit_nonlinear(moe_model, X, t, x0, s)
-    a, e, f = (float(v) for v in coef)
-    return MoeCoef(a=a, e=e, f=f), score(lambda Xq: moe_model(coef, Xq), X, t, s)
+
+
+def fit_moe(
+    X: np.ndarray,
+    t: np.ndarray,
+    X_off: np.ndarray | None = None,
+    t_off: np.ndarray | None = None,
+    tiles: tuple[int, ...] = MOE_TILES,
+    folds: int = 5,
+) -> tuple[MoeCoef, FitError]:
+    """X columns: (E local experts, R routed token-expert pairs); t seconds. The form (exp, or
+    tile with τ in ``tiles``) with the lowest k-fold cross-validated MAPE on the training grid
+    is refitted on all of it."""
+    candidates = [1, *tiles]  # 1: the exp form
+    parts = kfold(len(t), folds)
+    best: tuple[float, int] | None = None
+    for tile in candidates:
+
+        def model(x: np.ndarray, Xq: np.ndarray, k: int = tile) -> np.ndarray:
+            return moe_model(x, Xq, k)
+
+        errs = []
+        for held in parts:
+            train = np.setdiff1d(np.arange(len(t)), held)
+            x, _ = _fit_nonlinear(model, X[train], t[train], _moe_x0(X[train], t[train]))
+            errs.append(ape(model(x, X[held]), t[held]))
+        cv = float(np.concatenate(errs).mean())
+        if best is None or cv < best[0] * (1 - 1e-6):
+            best = (cv, tile)
+    assert best is not None
+    tile = best[1]
+    x, _ = _fit_nonlinear(lambda xx, Xq: moe_model(xx, Xq, tile), X, t, _moe_x0(X, t))
+    a, e, f = (float(v) for v in x)
+    coef = MoeCoef(a=a, e=e, f=f, form="exp" if tile == 1 else "tile", tile=tile)
+    return coef, score(lambda Xq: moe_coef_model(coef, Xq), X, t, X_off, t_off)
 
 
 def fit_linear_latency(nbytes: np.ndarray, t: np.ndarray) -> tuple[float, float]:

@@ -1,11 +1,22 @@
-"""Replay a small Mooncake sample through the real engine core on a GPU, then through the
-simulator with a measured profile, and compare request by request (see ``validate.py``).
+"""Replay request samples through the real engine core on a GPU, then through the simulator
+with a measured profile, and compare request by request (see ``validate.py``).
 
-    python -m deepinfer_sim.calibration.replay --profile P.yaml --out DIR [--requests 300]
+    python -m deepinfer_sim.calibration.replay --profile P.yaml --out DIR \\
+        [--traces mooncake_conversation,azure_conv] [--requests 200] [--repeats 3] \\
+        [--kernels deepseek] [--load 0.5]
 
-Writes ``DIR/replay_prefill.csv`` and ``DIR/replay_decode.csv`` (the engine's per-request and
-per-step measurements) and ``DIR/replay_report.json`` (errors). The CSVs are what
-``calibration/validation/`` keeps so a CPU test can re-check the simulator without a GPU.
+For each trace (a shipped ``builtin:`` trace; prompts capped at 8,192 tokens, outputs at 256), the
+engine runs a prefill-only replay (TTFT) and a decode-only replay (TPOT) ``repeats`` times each;
+with the deepseek kernels on a GPU its decode steps are CUDA-graph replays, so what is measured
+is the GPU's work plus the engine's own host time per step, not Python launch overhead. Arrival
+times are scaled so the predicted load is ``load``. The simulator replays the same request lists
+once (it is deterministic).
+
+Writes, per trace, ``replay_<trace>_<phase>.csv`` (the request list and the measured seconds of
+every repeat: ``measured_s_0`` ...), ``replay_<trace>_<phase>_steps.csv`` (the engine's steps of
+the first repeat) and one ``replay_report.json`` with the errors of every repeat and their
+median. The CSVs and the report are what ``calibration/validation/`` keeps, so a CPU test can
+re-check the simulator's prediction without a GPU.
 """
 
 from __future__ import annotations
@@ -31,18 +42,20 @@ MINI_LAYERS: tuple[tuple[Literal["csa", "hca", "swa"], bool], ...] = (
     ("hca", True),
     ("csa", False),
 )
+TRACES = ("mooncake_conversation", "azure_conv")
+PHASES = {"prefill": ("prefill_only", simulate_prefill), "decode": ("decode_only", simulate_decode)}
 
 
-def sample_requests(n: int, max_prompt: int, max_output: int, seed: int = 0) -> pd.DataFrame:
-    """The first ``n`` Mooncake conversation requests, lengths capped, trace arrival times."""
-    src = spread_buckets(
-        read_trace("builtin:mooncake_conversation"), 3.0, "uniform", stream(seed, "replay")
-    )
+def sample_requests(
+    trace: str, n: int, max_prompt: int, max_output: int, seed: int = 0
+) -> pd.DataFrame:
+    """The first ``n`` requests of a shipped trace, lengths capped, trace arrival times."""
+    src = spread_buckets(read_trace(f"builtin:{trace}"), 3.0, "uniform", stream(seed, "replay"))
     src = src.head(n)
     return pd.DataFrame(
         {
             "arrival_s": src.arrival_s - src.arrival_s[0],
-            "prompt_len": np.minimum(src.input_len, max_prompt),
+            "prompt_len": np.clip(src.input_len, 1, max_prompt),
             "output_len": np.clip(src.output_len, 2, max_output),
         }
     )
@@ -67,57 +80,107 @@ def predicted_busy(
     return pre, steps * step
 
 
-def run_engine(frame: pd.DataFrame, mode: str, shape: ReplayShape, device: str) -> pd.DataFrame:
+def build_engine(
+    frames: list[pd.DataFrame], mode: str, shape: ReplayShape, device: str, kernels: str
+) -> Any:
+    """One engine core for every replay of a mode (graphs captured once are reused)."""
     from ..kernels.engine import EngineCore
 
     spec = load_model(shape.model)
-    engine = EngineCore(
+    longest = max(int((f["prompt_len"] + f["output_len"]).max()) for f in frames)
+    return EngineCore(
         spec,
         MINI_LAYERS,
         local_experts=spec.moe.routed_experts,
         device=device,
         fp8=True,
         max_seqs=shape.max_decode_batch + 8,
-        max_tokens=int((frame["prompt_len"] + frame["output_len"]).max()) + 16,
+        max_tokens=longest + 16,
         prefill_token_budget=shape.prefill_token_budget,
         max_decode_batch=shape.max_decode_batch,
         mode=mode,  # type: ignore[arg-type]
         decoder_replay_tokens=0,
         decode_buckets="single",
+        backend=kernels,
+        graphs=kernels == "deepseek" and device.startswith("cuda") and mode == "decode_only",
         seed=0,
     )
-    res = engine.run(frame[["arrival_s", "prompt_len", "output_len"]].to_numpy())
-    return res.requests, res.steps
 
 
-def replay(profile: Profile, out: Path, device: str, n: int, load: float) -> dict[str, Any]:
-    shape = ReplayShape()
+def measured_seconds(reqs: pd.DataFrame, frame: pd.DataFrame, phase: str) -> np.ndarray:
+    """TTFT (prefill) or TPOT (decode) per request, in the frame's row order."""
+    reqs = reqs.sort_values("request").reset_index(drop=True)
+    if phase == "prefill":
+        return (reqs["first_token_s"] - reqs["arrival_s"]).to_numpy()
+    return ((reqs["done_s"] - reqs["arrival_s"]) / (frame["output_len"] - 1)).to_numpy()
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over repeats of each error, and the spread of the measured p50."""
+    keys = ("abs_rel_err_p50", "abs_rel_err_p90", "p50_rel_err", "measured_p50_s")
+    med = {k: float(np.median([r[k] for r in runs])) for k in keys}
+    p50 = [r["measured_p50_s"] for r in runs]
+    med["measured_p50_spread"] = float((max(p50) - min(p50)) / np.median(p50))
+    med["simulated_p50_s"] = runs[0]["simulated_p50_s"]
+    return med
+
+
+def replay(
+    profile: Profile,
+    out: Path,
+    device: str,
+    n: int,
+    load: float,
+    traces: tuple[str, ...] = TRACES,
+    repeats: int = 3,
+    kernels: str = "deepseek",
+    shape: ReplayShape | None = None,
+    max_prompt: int = 8192,
+    max_output: int = 256,
+) -> dict[str, Any]:
+    shape = shape or ReplayShape()
     cost = validation_cost(profile, shape)
-    base = sample_requests(n, max_prompt=8192, max_output=256)
-    pre_busy, dec_busy = predicted_busy(base, cost, shape)
-    report: dict[str, Any] = {"requests": n, "target_load": load, "shape": shape.__dict__}
+    report: dict[str, Any] = {
+        "requests": n,
+        "target_load": load,
+        "repeats": repeats,
+        "kernels": kernels,
+        "profile": profile.name,
+        "shape": shape.__dict__,
+        "traces": {},
+    }
     out.mkdir(parents=True, exist_ok=True)
-    for mode, busy, sim in (
-        ("prefill_only", pre_busy, simulate_prefill),
-        ("decode_only", dec_busy, simulate_decode),
-    ):
-        frame = retime(base, busy, load)
-        t0 = time.perf_counter()
-        reqs, steps = run_engine(frame, mode, shape, device)
-        wall = time.perf_counter() - t0
-        reqs = reqs.sort_values("request").reset_index(drop=True)  # = the frame's row order
-        key = "prefill" if mode == "prefill_only" else "decode"
-        if key == "prefill":
-            measured = (reqs["first_token_s"] - reqs["arrival_s"]).to_numpy()
-        else:
-            measured = ((reqs["done_s"] - reqs["arrival_s"]) / (frame["output_len"] - 1)).to_numpy()
-        table = frame.assign(measured_s=measured)
-        table.to_csv(out / f"replay_{key}.csv", index=False)
-        steps.to_csv(out / f"replay_{key}_steps.csv", index=False)
-        simulated = sim(frame, profile, shape)
-        report[key] = {"engine_wall_s": wall, **errors(measured, simulated)}
-        print(key, json.dumps(report[key]), flush=True)
-    (out / "replay_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    frames = {}
+    for trace in traces:
+        base = sample_requests(trace, n, max_prompt, max_output)
+        pre_busy, dec_busy = predicted_busy(base, cost, shape)
+        frames[trace] = {
+            "prefill": retime(base, pre_busy, load),
+            "decode": retime(base, dec_busy, load),
+        }
+    for phase, (mode, sim) in PHASES.items():
+        engine = build_engine([f[phase] for f in frames.values()], mode, shape, device, kernels)
+        for trace in traces:
+            frame = frames[trace][phase]
+            simulated = sim(frame, profile, shape)
+            table = frame.copy()
+            runs = []
+            for r in range(repeats):
+                t0 = time.perf_counter()
+                res = engine.run(frame[["arrival_s", "prompt_len", "output_len"]].to_numpy())
+                wall = time.perf_counter() - t0
+                measured = measured_seconds(res.requests, frame, phase)
+                table[f"measured_s_{r}"] = measured
+                if r == 0:
+                    res.steps.to_csv(out / f"replay_{trace}_{phase}_steps.csv", index=False)
+                runs.append({"engine_wall_s": wall, **errors(measured, simulated)})
+                print(trace, phase, r, json.dumps(runs[-1]), flush=True)
+            table.to_csv(out / f"replay_{trace}_{phase}.csv", index=False)
+            report["traces"].setdefault(trace, {})[phase] = {
+                "median": summarize(runs),
+                "runs": runs,
+            }
+            (out / "replay_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -126,10 +189,22 @@ def main() -> None:
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--load", type=float, default=0.5)
+    ap.add_argument("--traces", default=",".join(TRACES))
+    ap.add_argument("--kernels", default="deepseek", choices=["deepseek", "reference"])
     a = ap.parse_args()
-    replay(load_profile(a.profile), Path(a.out), a.device, a.requests, a.load)
+    replay(
+        load_profile(a.profile),
+        Path(a.out),
+        a.device,
+        a.requests,
+        a.load,
+        tuple(a.traces.split(",")),
+        a.repeats,
+        a.kernels,
+    )
 
 
 if __name__ == "__main__":

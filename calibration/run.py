@@ -1,49 +1,98 @@
-"""``deepinfer-sim calibrate``: measure on a device, fit, write a profile (and print the fits)."""
+"""``deepinfer-sim calibrate``: measure on a device, fit, write a profile (and print the fits).
+
+One run calibrates one or more models (``--model``, repeatable) with one kernel backend
+(``--kernels``); each model is measured by its own :class:`~.torch_bench.TorchBench` (one layer
+at a time at its widths) and the per-model profiles are merged into one file. Runs on separate
+machines (one GPU slot per model, say) are combined afterwards with ``merge-profiles``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .profile import write_profile
+from ..errors import UserError
+from .profile import Profile, merge_profiles, write_profile
 from .sweep import Grid, build_profile, measure
 
 
 def run_calibration(
     device: str,
     out: Path,
-    quick: bool,
+    grid: str | Grid = "full",
     hardware: str | None = None,
     name: str | None = None,
-    model: str = "deepseek-v4.1-flash",
-) -> None:
+    models: Sequence[str] = ("deepseek-v4.1-flash",),
+    kernels: str = "reference",
+    vision: bool = True,
+    engine: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> Profile:
+    """Calibrate ``models`` on ``device`` with the ``kernels`` backend over ``grid`` (``full``,
+    ``quick``, ``tiny`` or a Grid); write the (merged) profile to ``out`` and return it.
+    ``vision=False`` / ``engine=False`` skip the vision encoder / engine-core step timing."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
-        from ..errors import UserError
-
         raise UserError("calibrate needs torch: pip install 'deepinfer-sim[calibrate]'") from None
     from .torch_bench import TorchBench
 
+    say = log or (lambda s: print(s, flush=True))
+    if not models:
+        raise UserError("calibrate needs at least one --model")
+    g = Grid.named(grid) if isinstance(grid, str) else grid
+    if not vision:
+        g = dataclasses.replace(g, vision=False)
+    if not engine:
+        g = dataclasses.replace(g, engine_decode=(), engine_prefill=())
     t0 = time.perf_counter()
-    bench = TorchBench(device=device, model=model, hardware=hardware)
-    print(
-        f"calibrating on {bench.device_name} ({bench.hardware}), torch {bench.software['torch']}"
-        f", CUDA {bench.software['cuda']}, dtypes {bench.dtypes.model_dump()}",
-        flush=True,
-    )
-    grid = Grid.quick() if quick else Grid()
-    m = measure(bench, grid, log=lambda s: print(s, flush=True))
     command = "deepinfer-sim calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
-    profile = build_profile(
-        bench, m, name or f"{bench.hardware}-measured", model, command, top_k=bench.spec.moe.top_k
-    )
-    write_profile(profile, out)
-    print(f"{'fit':<14} {'train MAPE':>10} {'held-out MAPE':>14} {'max held-out':>13} points")
-    for key, f in profile.fit.items():
-        print(
-            f"{key:<14} {f.train_mape:>10.2%} {f.heldout_mape:>14.2%} {f.heldout_max_ape:>13.2%} "
-            f"{f.n_train}+{f.n_heldout}"
+    profiles: list[Profile] = []
+    for model in models:
+        bench = TorchBench(
+            device=device,
+            model=model,
+            hardware=hardware,
+            backend=kernels,
+            repeats=g.repeats,
+            max_prefix=g.max_prefix,
+            max_chunk=g.max_chunk,
+            max_batch=g.max_batch,
+            max_context=g.max_context,
         )
-    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s (sweep {m.seconds:.0f} s)", flush=True)
+        counts = g.count(len(bench.kinds))
+        say(
+            f"calibrating {bench.spec.name} ({', '.join(bench.kinds)} + moe) with the "
+            f"{bench.kernels} kernels on {bench.device_name} ({bench.hardware}), torch "
+            f"{bench.software['torch']}, CUDA {bench.software['cuda']}; {g.name} grid: "
+            f"{counts['grid']} shapes + {counts['offgrid']} off-grid"
+        )
+        m = measure(bench, g, log=say)
+        prof = build_profile(bench, m, name or f"{bench.hardware}-{bench.kernels}", command=command)
+        say(f"dtypes measured: {bench.dtypes.model_dump()}")
+        print_fits(prof, say)
+        profiles.append(prof)
+        del bench
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    final = profiles[0] if len(profiles) == 1 else merge_profiles(profiles, profiles[0].name)
+    write_profile(final, out)
+    say(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
+    return final
+
+
+def print_fits(profile: Profile, say: Callable[[str], None] = print) -> None:
+    """One line per fit: training MAPE on the grid, MAPE and max error off the grid."""
+    for model, fits in profile.models.items():
+        say(f"{model:<14} {'train MAPE':>10} {'off-grid MAPE':>14} {'max off-grid':>13} points")
+        for key, f in fits.fit.items():
+            off = "-" if f.offgrid_mape is None else f"{f.offgrid_mape:.2%}"
+            worst = "-" if f.offgrid_max_ape is None else f"{f.offgrid_max_ape:.2%}"
+            say(
+                f"  {key:<12} {f.train_mape:>10.2%} {off:>14} {worst:>13} {f.n_train}+{f.n_offgrid}"
+            )

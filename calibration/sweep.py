@@ -1,24 +1,37 @@
-"""The calibration sweep: time kernels over a grid of shapes, fit the models, write a profile.
+"""The calibration sweep: time kernels over a grid of shapes, fit the models, build a profile.
 
-The sweep is written against :class:`Bench`, a small timing interface that the GPU adapter in
-``calibration/torch_bench.py`` implements with the real kernels of ``kernels/`` (and tests
-implement with a synthetic clock). Grids (``quick`` finishes in a few minutes on an H200):
+The sweep is written against :class:`Bench`, a small timing interface that the device adapter in
+``calibration/torch_bench.py`` implements with a kernel backend of ``kernels/`` (and tests
+implement with a synthetic clock). One bench measures ONE model, one layer at a time at its own
+widths, for each of its distinct attention kinds:
 
-- prefill, per attention kind: n ∈ 256 .. 32,768 new tokens × p ∈ 0 .. 262,144 computed prefix;
-- decode, per attention kind: B sequences × context length × v verify tokens (1 .. 6);
-- routed experts: E local experts × R routed token-expert pairs;
+- prefill, per kind: n new tokens × p computed prefix;
+- decode, per kind: B sequences × context length × v verify tokens;
+- routed experts: E local experts × T tokens (R = T·top_k routed pairs);
 - all-to-all: bytes per rank (measured between two GPUs when there are two, else modelled);
-- the vision encoder: seconds per image.
+- the vision encoder (seconds per image) and whole engine-core steps, both optional.
+
+Every fit trains on all grid points. A separate **off-grid** set of shapes, between and beyond
+the grid points (prefill n and p, decode B, context and v, MoE E and T), is timed too and decides
+the reported error: it is what a simulation asks for, and where a form that only interpolates
+the grid fails. Grids:
+
+========  =====================================================================================
+``full``  456 grid + 92 off-grid shapes for a 3-kind model (V4-Flash), tens of minutes on an H200
+``quick`` 249 grid + 54 off-grid shapes for 3 kinds (171 + 38 for V4.1-Flash's CSA and HCA):
+          the grid of the version 1 quick run plus 22 % off-grid, minutes per model on an H200
+``tiny``  51 + 9 small shapes for the toy model of the CPU tests, a second (no vision)
+========  =====================================================================================
 """
 
 from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from scipy.optimize import lsq_linear
@@ -32,9 +45,16 @@ from .profile import (
     FitError,
     HardwareCoefs,
     HostOverhead,
+    ModelFits,
     Profile,
     Provenance,
+    Widths,
 )
+
+if TYPE_CHECKING:
+    from ..models.spec import ModelSpec
+
+EngineRow = tuple[str, int, int, int, float]  # (phase, sequences, tokens per sequence, ctx, s)
 
 
 class Bench(Protocol):
@@ -42,28 +62,40 @@ class Bench(Protocol):
 
     device_name: str
     hardware: str  # the HardwareSpec name of the device (e.g. "h200")
-    dtypes: Dtypes
+    spec: ModelSpec  # the model measured (its widths)
+    kernels: str  # kernel backend name
     software: dict[str, str]
+    host_overhead: dict[str, list[float]]  # eager − graphed seconds per call, by component
+
+    @property
+    def kinds(self) -> Sequence[str]: ...  # the model's distinct attention kinds, each timed
+    @property
+    def dtypes(self) -> Dtypes: ...  # what the timed kernels ran in
+    @property
+    def kernel_versions(self) -> dict[str, str]: ...  # what the backend ran (after the sweep)
+    @property
+    def engine_graphs(self) -> bool: ...  # the engine core's decode steps are CUDA graphs
 
     def prefill(self, kind: str, n: int, p: int) -> float: ...
     def decode(self, kind: str, batch: int, context: int, verify: int) -> float: ...
     def moe(self, local_experts: int, tokens: int) -> float: ...
+    def moe_pairs(self, local_experts: int, tokens: int) -> int: ...  # routed pairs R
     def a2a_table(self) -> list[tuple[float, float]]: ...  # (bytes to a peer, s); [] on one GPU
     def copy_bandwidth(self) -> float: ...  # bytes/s, read + write counted
     def vision(self) -> float | None: ...
-
-    host_overhead: dict[str, list[float]]  # eager − graphed seconds per call, by component
-
     def warmup(self) -> None: ...  # bring clocks up before timing
 
-    def engine_steps(self) -> list[tuple[str, int, int, int, float]]:
-        """Timed engine-core steps: (phase, sequences, tokens per sequence, context, seconds)."""
+    def engine_steps(
+        self, decode: Sequence[tuple[int, int]], prefill: Sequence[tuple[int, int]]
+    ) -> list[EngineRow]:
+        """Timed engine-core steps of ``engine_stack(spec)``: decode (sequences, context) with one
+        token each, prefill (sequences, prompt tokens) from an empty cache."""
         ...
 
 
 @dataclass(frozen=True)
 class Grid:
-    kinds: tuple[str, ...] = ("csa", "hca", "swa")
+    name: str = "full"
     prefill_n: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
     prefill_p: tuple[int, ...] = (0, 4096, 16384, 65536, 131072, 262144)
     decode_b: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
@@ -72,10 +104,30 @@ class Grid:
     moe_e: tuple[int, ...] = (8, 24, 48, 100)
     moe_tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)
     max_decode_tokens: int = 4_000_000  # cap B × context (memory of the timed cache)
+    # off-grid validation shapes: (n, p), (B, context, v), (E, T)
+    off_prefill: tuple[tuple[int, int], ...] = tuple(
+        (n, p) for n in (768, 3000, 12000, 24000) for p in (2000, 50000, 180000, 400000)
+    )
+    off_decode: tuple[tuple[int, int, int], ...] = tuple(
+        (b, c, v) for b in (24, 48, 96, 200) for c in (6000, 50000) for v in (3, 5)
+    )
+    off_moe: tuple[tuple[int, int], ...] = tuple(
+        (e, t) for e in (16, 72) for t in (48, 512, 2500, 8000)
+    )
+    # engine-core steps: decode (sequences, context), prefill (sequences, prompt tokens)
+    engine_decode: tuple[tuple[int, int], ...] = tuple(
+        (b, c) for b in (1, 4, 16, 32, 64) for c in (1024, 4096, 8192)
+    )
+    engine_prefill: tuple[tuple[int, int], ...] = tuple(
+        (b, n) for n in (512, 2048, 8192, 16384) for b in (1, 2, 4) if n * b <= 16384
+    )
+    vision: bool = True
+    repeats: int = 7
 
     @classmethod
     def quick(cls) -> Grid:
         return cls(
+            name="quick",
             prefill_n=(256, 1024, 4096, 8192, 16384, 32768),
             prefill_p=(0, 8192, 32768, 131072, 262144),
             decode_b=(1, 8, 32, 64, 128, 256),
@@ -83,7 +135,106 @@ class Grid:
             decode_v=(1, 3, 6),
             moe_e=(8, 48, 100),
             moe_tokens=(16, 128, 1024, 4096, 16384),
+            # each n twice and each p twice, two of them beyond the grid's largest prefix
+            off_prefill=(
+                (768, 2000),
+                (768, 180000),
+                (3000, 50000),
+                (3000, 400000),
+                (12000, 2000),
+                (12000, 180000),
+                (24000, 50000),
+                (24000, 400000),
+            ),
+            # v = 2 and 5 (between 1, 3, 6), B between the grid's, contexts between and beyond
+            off_decode=(
+                (24, 6000, 2),
+                (24, 50000, 5),
+                (48, 6000, 5),
+                (48, 50000, 2),
+                (96, 6000, 5),
+                (96, 20000, 2),
+                (200, 6000, 5),
+                (200, 12000, 2),
+            ),
+            off_moe=((24, 48), (24, 512), (24, 8000), (72, 48), (72, 2500), (72, 24000)),
         )
+
+    @classmethod
+    def tiny(cls) -> Grid:
+        """Seconds on a CPU with a toy model (``tests/data/toy-model.yaml``): no vision."""
+        return cls(
+            name="tiny",
+            prefill_n=(16, 64, 256),
+            prefill_p=(0, 256, 1024),
+            decode_b=(1, 4, 8),
+            decode_ctx=(64, 512),
+            decode_v=(1, 3),
+            moe_e=(2, 4, 8),
+            moe_tokens=(8, 64, 256),
+            off_prefill=((32, 500), (128, 2000)),
+            off_decode=((2, 256, 2), (6, 1000, 2)),
+            off_moe=((6, 32),),
+            engine_decode=((1, 64), (4, 64), (4, 256)),
+            engine_prefill=((1, 64), (2, 64), (1, 256)),
+            vision=False,
+            repeats=1,
+        )
+
+    @classmethod
+    def named(cls, name: str) -> Grid:
+        grids: dict[str, Callable[[], Grid]] = {"full": cls, "quick": cls.quick, "tiny": cls.tiny}
+        if name not in grids:
+            from ..errors import UserError
+
+            raise UserError(f"unknown grid {name!r} (choose from {', '.join(grids)})")
+        return grids[name]()
+
+    # ---- shapes ---------------------------------------------------------------------------------
+    def prefill_shapes(self) -> list[tuple[int, int]]:
+        return [(n, p) for n in self.prefill_n for p in self.prefill_p]
+
+    def decode_shapes(self) -> list[tuple[int, int, int]]:
+        return [
+            (b, c, v)
+            for b in self.decode_b
+            for c in self.decode_ctx
+            for v in self.decode_v
+            if b * c <= self.max_decode_tokens
+        ]
+
+    def moe_shapes(self) -> list[tuple[int, int]]:
+        return [(e, t) for e in self.moe_e for t in self.moe_tokens]
+
+    def offgrid_decode_shapes(self) -> list[tuple[int, int, int]]:
+        return [(b, c, v) for b, c, v in self.off_decode if b * c <= self.max_decode_tokens]
+
+    def count(self, kinds: int) -> dict[str, int]:
+        """Shapes timed for a model of ``kinds`` attention kinds: grid and off-grid."""
+        return {
+            "grid": kinds * (len(self.prefill_shapes()) + len(self.decode_shapes()))
+            + len(self.moe_shapes()),
+            "offgrid": kinds * (len(self.off_prefill) + len(self.offgrid_decode_shapes()))
+            + len(self.off_moe),
+        }
+
+    # ---- sizes the bench's caches must hold -----------------------------------------------------
+    @property
+    def max_prefix(self) -> int:
+        return max(p for _, p in (*self.prefill_shapes(), *self.off_prefill))
+
+    @property
+    def max_chunk(self) -> int:
+        return max(n for n, _ in (*self.prefill_shapes(), *self.off_prefill))
+
+    @property
+    def max_batch(self) -> int:
+        return max(b for b, _, _ in (*self.decode_shapes(), *self.offgrid_decode_shapes()))
+
+    @property
+    def max_context(self) -> int:
+        shapes = (*self.decode_shapes(), *self.offgrid_decode_shapes())
+        return max(c + v for _, c, v in shapes)
 
 
 @dataclass
@@ -91,10 +242,13 @@ class Measurements:
     prefill: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
     decode: dict[str, list[tuple[int, int, int, float]]] = field(default_factory=dict)
     moe: list[tuple[int, int, float]] = field(default_factory=list)
+    prefill_off: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
+    decode_off: dict[str, list[tuple[int, int, int, float]]] = field(default_factory=dict)
+    moe_off: list[tuple[int, int, float]] = field(default_factory=list)
     a2a: list[tuple[float, float]] = field(default_factory=list)
     copy_bandwidth: float = 0.0
     vision: float | None = None
-    engine: list[tuple[str, int, int, int, float]] = field(default_factory=list)
+    engine: list[EngineRow] = field(default_factory=list)
     seconds: float = 0.0
 
 
@@ -111,70 +265,100 @@ def _each(
 
 
 def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Measurements:
+    """Time every grid and off-grid shape of ``bench``'s model (shapes that fail are logged and
+    skipped), then the all-to-all, copy bandwidth, vision and engine steps."""
     t0 = time.perf_counter()
     m = Measurements()
     bench.warmup()
-    for kind in grid.kinds:
+    for kind in bench.kinds:
+
+        def pre(n: int, p: int, k: str = kind) -> float:
+            return bench.prefill(k, n, p)
+
+        def dec(b: int, c: int, v: int, k: str = kind) -> float:
+            return bench.decode(k, b, c, v)
+
         log(f"prefill {kind}")
-        shapes = [(n, p) for n in grid.prefill_n for p in grid.prefill_p]
-        m.prefill[kind] = _each(
-            shapes, log, f"prefill {kind}", lambda n, p, k=kind: bench.prefill(k, n, p)
-        )
+        m.prefill[kind] = _each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
+        m.prefill_off[kind] = _each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
         log(f"decode {kind}")
-        shapes3 = [
-            (b, c, v)
-            for b in grid.decode_b
-            for c in grid.decode_ctx
-            for v in grid.decode_v
-            if b * c <= grid.max_decode_tokens
-        ]
-        m.decode[kind] = _each(
-            shapes3, log, f"decode {kind}", lambda b, c, v, k=kind: bench.decode(k, b, c, v)
+        m.decode[kind] = _each(grid.decode_shapes(), log, f"decode {kind}", dec)
+        m.decode_off[kind] = _each(
+            grid.offgrid_decode_shapes(), log, f"decode {kind} off-grid", dec
         )
     log("moe")
-    m.moe = _each([(e, t) for e in grid.moe_e for t in grid.moe_tokens], log, "moe", bench.moe)
+    m.moe = _each(grid.moe_shapes(), log, "moe", bench.moe)
+    m.moe_off = _each(grid.off_moe, log, "moe off-grid", bench.moe)
     log("all-to-all")
     m.a2a = bench.a2a_table()
     m.copy_bandwidth = bench.copy_bandwidth()
-    m.vision = bench.vision()
-    log("engine steps")
-    m.engine = bench.engine_steps()
+    if grid.vision:
+        m.vision = bench.vision()
+    if grid.engine_decode or grid.engine_prefill:
+        log("engine steps")
+        m.engine = bench.engine_steps(grid.engine_decode, grid.engine_prefill)
     m.seconds = time.perf_counter() - t0
     return m
 
 
-def build_profile(
-    bench: Bench,
-    m: Measurements,
-    name: str,
-    model_family: str,
-    command: str,
-    top_k: int,
-) -> Profile:
-    """Fit every component and assemble a measured profile with its raw data and fit errors."""
+def _decode_X(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(B, context, v, t) rows -> X = (B, T = B·v, K = B·context), t."""
+    B, ctx, v, t = rows.T
+    return np.stack([B, B * v, B * ctx], axis=1), t
+
+
+def _arr(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
+    return np.array(rows, dtype=float).reshape(-1, width)
+
+
+def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Profile:
+    """Fit every component and assemble a measured profile for ``bench.spec`` with its raw data
+    (grid and off-grid) and fit errors (training, and off-grid only)."""
     from ..models.registry import load_hardware
 
     fits: dict[str, FitError] = {}
     prefill, decode = {}, {}
-    raw: dict[str, list[list[float | str]]] = {"prefill": [], "decode": [], "moe": [], "a2a": []}
+    raw: dict[str, list[list[float | str]]] = {
+        "prefill": [],
+        "decode": [],
+        "moe": [],
+        "a2a": [],
+        "prefill_offgrid": [],
+        "decode_offgrid": [],
+        "moe_offgrid": [],
+    }
     for kind, rows in m.prefill.items():
+        off = m.prefill_off.get(kind, [])
+        raw["prefill"] += [[kind, *map(float, r)] for r in rows]
+        raw["prefill_offgrid"] += [[kind, *map(float, r)] for r in off]
         if len(rows) < 6:
             continue
-        arr = np.array(rows, dtype=float)
-        prefill[kind], fits[f"prefill.{kind}"] = fit_prefill(arr[:, :2], arr[:, 2])
-        raw["prefill"] += [[kind, *map(float, r)] for r in rows]
+        arr, oarr = _arr(rows, 3), _arr(off, 3)
+        prefill[kind], fits[f"prefill.{kind}"] = fit_prefill(
+            arr[:, :2], arr[:, 2], oarr[:, :2], oarr[:, 2]
+        )
     for kind, drows in m.decode.items():
-        if len(drows) < 6:
-            continue
-        arr = np.array(drows, dtype=float)
-        B, ctx, v, t = arr.T
-        X = np.stack([B, B * v, B * ctx], axis=1)
-        decode[kind], fits[f"decode.{kind}"] = fit_decode(X, t)
+        doff = m.decode_off.get(kind, [])
         raw["decode"] += [[kind, *map(float, r)] for r in drows]
-    arr = np.array(m.moe, dtype=float)
-    E, T, t = arr.T
-    moe, fits["moe"] = fit_moe(np.stack([E, T * top_k], axis=1), t)
+        raw["decode_offgrid"] += [[kind, *map(float, r)] for r in doff]
+        if len(drows) < 7:
+            continue
+        X, t = _decode_X(_arr(drows, 4))
+        Xo, to = _decode_X(_arr(doff, 4))
+        decode[kind], fits[f"decode.{kind}"] = fit_decode(X, t, Xo, to)
+
+    def moe_X(rows: Sequence[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [(e, bench.moe_pairs(e, tok), t) for e, tok, t in rows]
+        E, R, t = _arr(pairs, 3).T
+        return np.stack([E, R], axis=1), t
+
+    if len(m.moe) < 4:
+        raise RuntimeError(f"only {len(m.moe)} routed-expert shapes could be timed")
+    X, t = moe_X(m.moe)
+    Xo, to = moe_X(m.moe_off)
+    moe, fits["moe"] = fit_moe(X, t, Xo, to)
     raw["moe"] = [list(map(float, r)) for r in m.moe]
+    raw["moe_offgrid"] = [list(map(float, r)) for r in m.moe_off]
     hw = load_hardware(bench.hardware)
     if m.a2a:
         nb, ta = np.array(m.a2a, dtype=float).T
@@ -199,18 +383,28 @@ def build_profile(
         vision_seconds_per_image=m.vision,
         graphed=bool(over),
         host_overhead_s=HostOverhead(**over),
+        engine_graphs=bench.engine_graphs,
     )
-    if m.engine:
+    if m.engine and prefill and decode:
+        stack = engine_stack(bench.spec)
         coefs = coefs.model_copy(
-            update={"engine_overhead": fit_engine_overhead(coefs, bench.hardware, m.engine)}
+            update={"engine_overhead": fit_engine_overhead(coefs, bench.hardware, m.engine, stack)}
         )
         raw["engine"] = [list(r) for r in m.engine]
+    fitted = ModelFits(
+        dtypes=bench.dtypes,
+        widths=Widths.of(bench.spec),
+        hardware={bench.hardware: coefs},
+        fit=fits,
+        raw={k: v for k, v in raw.items() if v},
+    )
     return Profile(
         name=name,
-        model_family=model_family,
         provenance=Provenance(
             kind="measured",
             device=bench.device_name,
+            kernels=bench.kernels,
+            kernel_versions=dict(bench.kernel_versions),
             torch=bench.software.get("torch"),
             cuda=bench.software.get("cuda"),
             date=date.today().isoformat(),
@@ -218,28 +412,44 @@ def build_profile(
             duration_s=round(m.seconds, 1),
             note=f"host {platform.node()}; copy bandwidth {m.copy_bandwidth / 1e12:.2f} TB/s",
         ),
-        dtypes=bench.dtypes,
-        hardware={bench.hardware: coefs},
-        fit=fits,
-        raw=raw,
+        models={bench.spec.name: fitted},
     )
 
 
-ENGINE_MODEL = "deepseek-v4.1-flash-mini"
+ENGINE_MAX_EXPERTS = 48  # local experts of the engine stack (one rank's share at EP8 of 384)
+
+
+def engine_stack(spec: ModelSpec, max_experts: int = ENGINE_MAX_EXPERTS) -> ModelSpec:
+    """The engine core's reduced-depth stack of ``spec``: one layer per layer group (so every
+    kind, encoder and decoder, is there) and at most ``max_experts`` routed experts. For
+    ``deepseek-v4.1-flash`` this is ``deepseek-v4.1-flash-mini``'s layout."""
+    groups = tuple(g.model_copy(update={"count": 1}) for g in spec.layer_groups)
+    moe = spec.moe.model_copy(
+        update={
+            "routed_experts": min(spec.moe.routed_experts, max_experts),
+            "dense_layers": 0,
+            "hash_routed_layers": 0,
+            "expert_groups": 1,
+        }
+    )
+    return spec.model_copy(
+        update={"name": f"{spec.name}-engine-stack", "layer_groups": groups, "moe": moe}
+    )
 
 
 def fit_engine_overhead(
-    coefs: HardwareCoefs, hardware: str, rows: list[tuple[str, int, int, int, float]]
+    coefs: HardwareCoefs, hardware: str, rows: list[EngineRow], stack: ModelSpec
 ) -> EngineOverhead:
     """What the engine core's step costs beyond its kernels: residual = measured step − the
-    eager kernel models, fitted (non-negative least squares) as a constant per step plus a cost
-    per sequence plus a cost per token (prefill: prompt tokens; decode: context tokens)."""
+    eager kernel models of ``stack`` (the timed engine's layers), fitted (non-negative least
+    squares) as a constant per step plus a cost per sequence plus a cost per token (prefill:
+    prompt tokens; decode: context tokens)."""
     from ..models.cost import PoolShape
     from ..models.profile_cost import ProfileStepCost
-    from ..models.registry import load_hardware, load_model
+    from ..models.registry import load_hardware
 
     cost = ProfileStepCost(
-        load_model(ENGINE_MODEL),
+        stack,
         load_hardware(hardware),
         PoolShape(1, 0),
         coefs,

@@ -1,11 +1,22 @@
-"""TorchBench: the calibration ``Bench`` implemented with the real kernels of ``kernels/``.
+"""TorchBench: the calibration ``Bench`` implemented with a kernel backend of ``kernels/``.
 
-Times one V4.1-Flash-width layer's attention block (plus shared expert), the routed experts of
-one rank, the device's copy bandwidth, the vision encoder and — when a second GPU is visible —
-an NCCL all-to-all between two processes. Timing follows the device method: warm up first,
-CUDA events around the region, the median of several repeats, fresh random inputs (never zeros).
-Cache state for a prefix of p tokens is made with ``KVPool.fill_random`` (no compute), and each
-timed call is rolled back with ``KVPool.truncate`` so repeats see the same shape.
+For ONE model (``--model``), at its own widths (``LayerShape.from_model``), it times one layer at
+a time — each of the model's distinct attention kinds (attention block + shared expert), the
+routed experts of one rank — plus the device's copy bandwidth, optionally the vision encoder and
+whole engine-core steps of the model's reduced stack, and — when a second GPU is visible — an
+NCCL all-to-all between two processes. One layer at a time is what lets the big models
+(V4-Pro, V3) be calibrated on one GPU.
+
+The blocks come from ``kernels.backend.get_backend(name)``: ``reference`` (plain PyTorch, runs on
+the CPU too) or ``deepseek`` (DeepSeek's kernels). A backend that lacks one of the model's kinds,
+or cannot run on the device, is refused with a :class:`UserError` before anything is timed.
+
+Timing follows the device method: warm up first, CUDA events around the region, the median of
+several repeats, fresh random inputs (never zeros). Where a call can be captured it is timed as a
+CUDA-graph replay (the GPU's own time) and the eager − graphed difference is recorded as host
+overhead. Cache state for a prefix of p tokens is made with ``pool.fill_random`` (no compute),
+each timed call is rolled back with ``pool.truncate`` so repeats see the same shape, and the
+decode plan (``block.plan_decode``) is host work done in the untimed reset.
 """
 
 from __future__ import annotations
@@ -16,72 +27,172 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
+from ..errors import UserError
+from ..kernels.shapes import Kind, LayerShape
+from ..models.spec import ModelSpec
 from .profile import Dtypes
 
 if TYPE_CHECKING:
-    from ..kernels.attention import AttentionBlock, DecodePlan
-    from ..kernels.cache import KVPool
-    from ..kernels.moe import MoEBlock
-    from ..kernels.shapes import Kind
+    from ..kernels.backend import KernelBackend
 
 DETECT = {"H200": "h200", "H100": "h100", "H800": "h800", "B200": "b200", "GB200": "gb200"}
+
+
+GRAPH_WORTH_S = 0.02  # calls longer than this are timed eagerly only
 
 
 def detect_hardware(device_name: str) -> str:
     for key, name in DETECT.items():
         if key in device_name.upper():
             return name
-    raise ValueError(f"cannot tell the hardware of {device_name!r}; pass --hardware")
+    raise UserError(f"cannot tell the hardware of {device_name!r}; pass --hardware")
+
+
+def model_kinds(spec: ModelSpec) -> tuple[Kind, ...]:
+    """The distinct attention kinds of ``spec``'s layers, in layer order."""
+    out: list[Kind] = []
+    for g in spec.layer_groups:
+        kind = as_kind(g.attention)
+        if kind not in out:
+            out.append(kind)
+    return tuple(out)
+
+
+def as_kind(name: str) -> Kind:
+    """``name`` as a layer Kind (checked at run time, not a cast)."""
+    for k in get_args(Kind):
+        if k == name:
+            return k
+    raise ValueError(f"unknown attention kind {name!r}")
+
+
+def load_backend(name: str) -> KernelBackend:
+    from ..kernels.backend import BACKEND_NAMES, get_backend
+
+    if name not in BACKEND_NAMES:
+        raise UserError(f"unknown kernel backend {name!r} (choose from {', '.join(BACKEND_NAMES)})")
+    try:
+        return get_backend(name)
+    except ImportError as exc:
+        raise UserError(f"the {name} kernel backend cannot be imported: {exc}") from None
+
+
+_DTYPE_NAMES = {
+    "float8_e4m3fn": "fp8",
+    "float8_e4m3fnuz": "fp8",
+    "float8_e5m2": "fp8",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "float32": "fp32",
+}
+
+
+def dtype_name(dtype: Any) -> str:
+    """A torch dtype (or a dtype name) as a profile dtype (``torch.bfloat16`` -> ``bf16``)."""
+    text = str(dtype).removeprefix("torch.")
+    return _DTYPE_NAMES.get(text, text)
 
 
 class TorchBench:
     def __init__(
         self,
         device: str = "cuda",
-        model: str = "deepseek-v4.1-flash",
+        model: str | ModelSpec = "deepseek-v4.1-flash",
         hardware: str | None = None,
+        backend: str = "reference",
         fp8: bool = True,
         repeats: int = 7,
         max_prefix: int = 262_144,
         max_chunk: int = 32_768,
         max_batch: int = 256,
         max_context: int = 65_536,
+        local_experts: int = 8,
     ) -> None:
         import torch
 
-        from ..kernels.shapes import LayerShape
-        from ..models.registry import load_model
+        from ..models.registry import load_hardware, load_model
 
+        self.spec = model if isinstance(model, ModelSpec) else load_model(model)
+        self.kinds: tuple[Kind, ...] = model_kinds(self.spec)
+        self.backend = load_backend(backend)
+        self.kernels = self.backend.name
+        missing = [k for k in self.kinds if k not in self.backend.kinds]
+        if missing:
+            raise UserError(
+                f"the {self.kernels} kernel backend has no {', '.join(missing)} attention "
+                f"kernels, which model {self.spec.name} needs (it has "
+                f"{', '.join(self.backend.kinds)}); choose another --kernels"
+            )
         self.torch = torch
-        self.device = torch.device(device)
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as exc:
+            raise UserError(f"bad --device {device!r}: {exc}") from None
         self.cuda = self.device.type == "cuda"
+        if self.cuda and not torch.cuda.is_available():
+            raise UserError(f"--device {device}: no CUDA device is visible")
+        reason = self.backend.unavailable(self.device)
+        if reason:
+            raise UserError(f"the {self.kernels} kernel backend cannot run on {device}: {reason}")
         self.device_name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
-        self.hardware = hardware or detect_hardware(self.device_name)
-        self.software = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}
-        self.spec = load_model(model)
+        self.hardware = load_hardware(hardware or detect_hardware(self.device_name)).name
+        self.software = {"torch": torch.__version__, "cuda": str(torch.version.cuda or "none")}
         self.fp8 = fp8 and self.cuda and torch.cuda.get_device_capability(self.device) >= (8, 9)
-        self.dtypes = Dtypes(
-            dense="fp8" if self.fp8 else "bf16",
-            experts="fp8" if self.fp8 else "bf16",
-            attention="bf16",
-        )
+        self.compute = dtype_name(torch.bfloat16 if self.cuda else torch.float32)
         self.repeats = repeats
-        self.shape = LayerShape.from_model(self.spec, local_experts=8)
+        self.shape = LayerShape.from_model(
+            self.spec, local_experts=min(local_experts, self.spec.moe.routed_experts)
+        )
         self.limits = (max_prefix, max_chunk, max_batch, max_context)
-        self._blocks: dict[str, AttentionBlock] = {}
-        self._prefill_pools: dict[str, KVPool] = {}
-        self._decode_pools: dict[str, KVPool] = {}
-        self._moe: dict[int, MoEBlock] = {}
+        self._blocks: dict[str, Any] = {}
+        self._prefill_pools: dict[str, Any] = {}
+        self._decode_pools: dict[str, Any] = {}
+        self._moe: dict[int, Any] = {}
+        self._kv_dtype: str | None = None
+        self._expert_dtype: str | None = None
         self._gen = torch.Generator(device=self.device).manual_seed(0)
         self.use_graphs = True
         self.graph_failures = 0
         self.host_overhead: dict[str, list[float]] = {"prefill": [], "decode": [], "moe": []}
+
+    @property
+    def engine_graphs(self) -> bool:
+        """The engine core replays decode as CUDA graphs (deepseek backend on a GPU)."""
+        return self.cuda and self.kernels == "deepseek"
+
+    @property
+    def kernel_versions(self) -> dict[str, str]:
+        """What the backend ran (read after the sweep: it lists the kernels that did run)."""
+        return self.backend.versions()
+
+    @property
+    def dtypes(self) -> Dtypes:
+        """What the timed kernels ran in (the cache and expert dtypes as their blocks report)."""
+        dense = "fp8" if self.fp8 else self.compute
+        return Dtypes(
+            dense=dense,
+            experts=self._expert_dtype or dense,
+            attention=self.compute,
+            kv_cache=self._kv_dtype or self.compute,
+        )
+
+    def _note_pool(self, pool: Any) -> None:
+        """The main cache's storage dtype: the pool's ``kv_dtype`` if it says, else the
+        backend's ``versions()["kv_cache"]``, else the pool's tensor dtype (the reference)."""
+        if self._kv_dtype is None:
+            kv = (
+                getattr(pool, "kv_dtype", None)
+                or self.backend.versions().get("kv_cache")
+                or getattr(pool, "dtype", None)
+            )
+            if kv is not None:
+                self._kv_dtype = dtype_name(kv)
 
     # ---- timing --------------------------------------------------------------------------------
     def _time(self, fn: Callable[[], object], reset: Callable[[], None] | None = None) -> float:
@@ -95,21 +206,22 @@ class TorchBench:
             shape, generator=self._gen, device=self.device, dtype=self.torch.float32
         ).to(self.torch.bfloat16 if self.cuda else self.torch.float32)
 
-    def _block(self, kind: str) -> AttentionBlock:
-        from ..kernels.attention import AttentionBlock
-
+    def _block(self, kind: str) -> Any:
         if kind not in self._blocks:
-            self._blocks[kind] = AttentionBlock(
-                self.shape, cast(Kind, kind), self.device, self.fp8, seed=1
+            self._blocks[kind] = self.backend.attention_block(
+                self.shape, as_kind(kind), self.device, self.fp8, seed=1
             )
         return self._blocks[kind]
 
     # ---- Bench ---------------------------------------------------------------------------------
     def prefill(self, kind: str, n: int, p: int) -> float:
+        if p > self.spec.max_context_tokens:
+            raise ValueError(f"prefix {p} beyond {self.spec.name}'s context")
         block = self._block(kind)
         if kind not in self._prefill_pools:
             max_prefix, max_chunk, _, _ = self.limits
             self._prefill_pools[kind] = block.new_pool(1, max_prefix + max_chunk + 8)
+            self._note_pool(self._prefill_pools[kind])
         pool = self._prefill_pools[kind]
         seq = 0
         if not pool.in_use[seq]:
@@ -122,12 +234,11 @@ class TorchBench:
         return self._measure("prefill", lambda: block.prefill(x, pool, seq), reset)
 
     def decode(self, kind: str, batch: int, context: int, verify: int) -> float:
-        from ..kernels.attention import DecodePlan
-
         block = self._block(kind)
         if kind not in self._decode_pools:
             _, _, max_batch, max_context = self.limits
             self._decode_pools[kind] = block.new_pool(max_batch, max_context + 8)
+            self._note_pool(self._decode_pools[kind])
         pool = self._decode_pools[kind]
         for s in range(batch):
             if not pool.in_use[s]:
@@ -142,11 +253,11 @@ class TorchBench:
                 else:
                     pool.truncate(s, context)
 
-        holder: dict[str, DecodePlan] = {}
+        holder: dict[str, Any] = {}
 
         def reset_and_plan() -> None:
             reset()
-            holder["plan"] = DecodePlan.from_pool(pool, seqs, verify)  # host work, not timed
+            holder["plan"] = block.plan_decode(pool, seqs, verify)  # host work, not timed
 
         return self._measure(
             "decode",
@@ -160,6 +271,8 @@ class TorchBench:
         """The graphed GPU time of ``fn`` where it can be captured (else eager), recording what
         eager launching adds for this component."""
         eager = self._time(fn, reset)
+        if eager > GRAPH_WORTH_S:  # launch gaps are noise at this size: spare the capture
+            return eager
         graphed = self._time_graph(fn, reset or (lambda: None))
         if graphed is None:
             return eager
@@ -205,16 +318,21 @@ class TorchBench:
         del graph
         return t
 
-    def moe(self, local_experts: int, tokens: int) -> float:
-        from ..kernels.moe import MoEBlock
+    def moe_pairs(self, local_experts: int, tokens: int) -> int:
+        """Routed token-expert pairs of a timed MoE call (top-k capped at the local experts)."""
+        return tokens * min(self.spec.moe.top_k, local_experts)
 
+    def moe(self, local_experts: int, tokens: int) -> float:
         if local_experts not in self._moe:
             self._moe.clear()  # one expert set in memory at a time
             shape = self.shape.scaled(
                 local_experts=local_experts, top_k=min(self.spec.moe.top_k, local_experts)
             )
-            mode: Literal["bf16", "fp8"] = "fp8" if self.fp8 else "bf16"
-            self._moe[local_experts] = MoEBlock(shape, self.device, mode, seed=2)
+            block = self.backend.moe_block(shape, self.device, self.fp8, seed=2)
+            self._moe[local_experts] = block
+            mode = getattr(block, "dtype_mode", None) or getattr(block, "weight_dtype", None)
+            if self._expert_dtype is None and mode is not None:
+                self._expert_dtype = "fp8" if mode == "fp8" else dtype_name(block.dtype)
         moe = self._moe[local_experts]
         x = self._x(tokens, self.shape.hidden)
         ids, w = moe.uniform_routing(tokens, seed=tokens)
@@ -235,33 +353,35 @@ class TorchBench:
         images = 8
         return self._time(lambda: enc.encode(images)) / images
 
-    def engine_steps(self) -> list[tuple[str, int, int, int, float]]:
-        """Wall time of whole engine-core steps (3-layer V4.1 stack, 48 experts) at synthetic
-        shapes, as the engine's replay loop sees them (host work included, device synced)."""
+    def engine_steps(
+        self, decode: Sequence[tuple[int, int]], prefill: Sequence[tuple[int, int]]
+    ) -> list[tuple[str, int, int, int, float]]:
+        """Wall time of whole engine-core steps of the model's reduced stack
+        (``sweep.engine_stack``: one layer per layer group, at most 48 experts) on this backend,
+        at ``decode`` (sequences, context; one token each) and ``prefill`` (sequences, prompt
+        tokens) shapes, as the engine's replay loop sees them (host work included, synced)."""
         from ..kernels.engine import EngineCore
-        from ..models.registry import load_model
-        from .sweep import ENGINE_MODEL
+        from .sweep import engine_stack
 
         torch = self.torch
-        spec = load_model(ENGINE_MODEL)
-        layers = [
-            (cast(Kind, g.attention), g.in_prefill)
-            for g in spec.layer_groups
-            for _ in range(g.count)
-        ]
+        stack = engine_stack(self.spec)
+        layers = [(as_kind(g.attention), g.in_prefill) for g in stack.layer_groups]
+        budget = max((b * n for b, n in prefill), default=1)
         eng = EngineCore(
-            spec,
+            stack,
             layers,
-            local_experts=spec.moe.routed_experts,
+            local_experts=stack.moe.routed_experts,
             device=self.device,
             fp8=self.fp8,
-            max_seqs=72,
-            max_tokens=16_400,
-            prefill_token_budget=16_384,
-            max_decode_batch=64,
+            max_seqs=max((b for b, _ in (*decode, *prefill)), default=1) + 8,
+            max_tokens=max((x for _, x in (*decode, *prefill)), default=1) + 16,
+            prefill_token_budget=budget,
+            max_decode_batch=max((b for b, _ in decode), default=1),
             mode="mixed",
             decoder_replay_tokens=0,
             decode_buckets="single",
+            backend=self.kernels,
+            graphs=self.engine_graphs,
             seed=5,
         )
         eng.warmup()
@@ -281,40 +401,34 @@ class TorchBench:
             return float(np.median(times))
 
         rows: list[tuple[str, int, int, int, float]] = []
-        for b in (1, 4, 16, 32, 64):
-            for ctx in (1024, 4096, 8192):
-                slots = [eng.alloc_slot() for _ in range(b)]
+        for b, ctx in decode:
+            slots = [eng.alloc_slot() for _ in range(b)]
 
-                def reset_dec(slots: list[int] = slots, ctx: int = ctx) -> None:
-                    for s in slots:
-                        eng.fill(s, ctx)
-
-                def run_dec(slots: list[int] = slots) -> None:
-                    eng.execute([], slots, 1)
-
-                t = wall(run_dec, reset_dec)
-                rows.append(("decode", b, 1, ctx, t))
+            def reset_dec(slots: list[int] = slots, ctx: int = ctx) -> None:
                 for s in slots:
-                    eng.free_slot(s)
-        for n in (512, 2048, 8192, 16384):
-            for b in (1, 2, 4):
-                if n * b > 16_384:
-                    continue
-                slots = [eng.alloc_slot() for _ in range(b)]
+                    eng.fill(s, ctx)
 
-                def reset_pre(slots: list[int] = slots) -> None:
-                    for s in slots:
-                        eng.fill(s, 0)
+            def run_dec(slots: list[int] = slots) -> None:
+                eng.execute([], slots, 1)
 
-                segs = [(s, n, True) for s in slots]
+            rows.append(("decode", b, 1, ctx, wall(run_dec, reset_dec)))
+            for s in slots:
+                eng.free_slot(s)
+        for b, n in prefill:
+            slots = [eng.alloc_slot() for _ in range(b)]
 
-                def run_pre(segs: list[tuple[int, int, bool]] = segs) -> None:
-                    eng.execute(segs, [], 1)
-
-                t = wall(run_pre, reset_pre)
-                rows.append(("prefill", b, n, 0, t))
+            def reset_pre(slots: list[int] = slots) -> None:
                 for s in slots:
-                    eng.free_slot(s)
+                    eng.fill(s, 0)
+
+            segs = [(s, n, True) for s in slots]
+
+            def run_pre(segs: list[tuple[int, int, bool]] = segs) -> None:
+                eng.execute(segs, [], 1)
+
+            rows.append(("prefill", b, n, 0, wall(run_pre, reset_pre)))
+            for s in slots:
+                eng.free_slot(s)
         return rows
 
     def a2a_table(self) -> list[tuple[float, float]]:

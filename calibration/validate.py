@@ -80,7 +80,7 @@ def validation_cost(profile: Profile, shape: ReplayShape) -> ProfileStepCost:
         model,
         hw,
         PoolShape(1, 0),
-        profile.for_hardware(hw.name),
+        profile.coefs(model, hw.name),
         step,
         profile.name,
         eager=True,

@@ -457,6 +457,20 @@ class AttentionBlock:
         )
 
     # ---- public entry points --------------------------------------------------------------------
+    def plan_decode(
+        self,
+        pool: KVPool,
+        seqs: np.ndarray | list[int],
+        v: int,
+        min_bucket: int | None = None,
+        share: object = None,
+    ) -> DecodePlan:
+        """The host-side plan of a decode step of ``seqs`` with ``v`` tokens each (untimed).
+        Layers of one step share one plan (``share``: another layer's)."""
+        if isinstance(share, DecodePlan):
+            return share
+        return DecodePlan.from_pool(pool, seqs, v, min_bucket)
+
     def prefill(
         self, x: torch.Tensor, pool: KVPool, seq: int, *, return_ffn_input: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -33,7 +33,63 @@ import torch
 from ._util import default_dtype, generator, randn
 
 
-class KVPool:
+class SlotBook:
+    """Host-side bookkeeping of a cache pool's sequence slots: which are in use and how many
+    tokens each holds. A pool sets ``max_seqs``, ``max_tokens``, ``lengths`` (int64) and
+    ``in_use`` (bool) and inherits the rest (every backend's pool shares it)."""
+
+    max_seqs: int
+    max_tokens: int
+    lengths: np.ndarray
+    in_use: np.ndarray
+
+    # ---- slots ----------------------------------------------------------------------------------
+    def alloc(self, seq: int | None = None) -> int:
+        """Claim slot ``seq`` (or the lowest free one) for a new, empty sequence."""
+        if seq is None:
+            free = np.flatnonzero(~self.in_use)
+            if free.size == 0:
+                raise RuntimeError("KV pool full")
+            seq = int(free[0])
+        if not 0 <= seq < self.max_seqs:
+            raise IndexError(f"slot {seq} outside pool of {self.max_seqs}")
+        if self.in_use[seq]:
+            raise RuntimeError(f"slot {seq} already in use")
+        self.in_use[seq] = True
+        self.lengths[seq] = 0
+        return seq
+
+    def free(self, seq: int) -> None:
+        self._check(seq)
+        self.in_use[seq] = False
+        self.lengths[seq] = 0
+
+    def fill_random(self, seq: int, n_tokens: int) -> None:
+        """Make ``seq`` hold ``n_tokens`` tokens of (random) cache state, computing nothing."""
+        self._check(seq)
+        self._check_capacity(n_tokens)
+        self.lengths[seq] = n_tokens
+
+    def truncate(self, seq: int, n_tokens: int) -> None:
+        self._check(seq)
+        if not 0 <= n_tokens <= self.lengths[seq]:
+            raise ValueError("truncate can only shorten a sequence")
+        self.lengths[seq] = n_tokens
+
+    def length(self, seq: int) -> int:
+        return int(self.lengths[seq])
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def _check(self, seq: int) -> None:
+        if not (0 <= seq < self.max_seqs and self.in_use[seq]):
+            raise KeyError(f"slot {seq} is not allocated")
+
+    def _check_capacity(self, n_tokens: int) -> None:
+        if n_tokens > self.max_tokens:
+            raise ValueError(f"{n_tokens} tokens exceed the pool's max_tokens {self.max_tokens}")
+
+
+class KVPool(SlotBook):
     def __init__(
         self,
         *,
@@ -79,52 +135,7 @@ class KVPool:
         self.lengths = np.zeros(max_seqs, dtype=np.int64)
         self.in_use = np.zeros(max_seqs, dtype=bool)
 
-    # ---- slots ----------------------------------------------------------------------------------
-    def alloc(self, seq: int | None = None) -> int:
-        """Claim slot ``seq`` (or the lowest free one) for a new, empty sequence."""
-        if seq is None:
-            free = np.flatnonzero(~self.in_use)
-            if free.size == 0:
-                raise RuntimeError("KV pool full")
-            seq = int(free[0])
-        if not 0 <= seq < self.max_seqs:
-            raise IndexError(f"slot {seq} outside pool of {self.max_seqs}")
-        if self.in_use[seq]:
-            raise RuntimeError(f"slot {seq} already in use")
-        self.in_use[seq] = True
-        self.lengths[seq] = 0
-        return seq
-
-    def free(self, seq: int) -> None:
-        self._check(seq)
-        self.in_use[seq] = False
-        self.lengths[seq] = 0
-
-    def fill_random(self, seq: int, n_tokens: int) -> None:
-        """Make ``seq`` hold ``n_tokens`` tokens of (random) cache state, computing nothing."""
-        self._check(seq)
-        self._check_capacity(n_tokens)
-        self.lengths[seq] = n_tokens
-
-    def truncate(self, seq: int, n_tokens: int) -> None:
-        self._check(seq)
-        if not 0 <= n_tokens <= self.lengths[seq]:
-            raise ValueError("truncate can only shorten a sequence")
-        self.lengths[seq] = n_tokens
-
-    def length(self, seq: int) -> int:
-        return int(self.lengths[seq])
-
     @property
     def nbytes(self) -> int:
         ts = [self.window_kv, self.ring, self.comp, self.ring_idx, self.comp_idx]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
-
-    # ---- checks ---------------------------------------------------------------------------------
-    def _check(self, seq: int) -> None:
-        if not (0 <= seq < self.max_seqs and self.in_use[seq]):
-            raise KeyError(f"slot {seq} is not allocated")
-
-    def _check_capacity(self, n_tokens: int) -> None:
-        if n_tokens > self.max_tokens:
-            raise ValueError(f"{n_tokens} tokens exceed the pool's max_tokens {self.max_tokens}")

@@ -56,6 +56,7 @@ import torch
 from ..models.spec import ModelSpec
 from ._util import as_device, default_dtype, generator, synchronize, to_device
 from .attention import AttentionBlock, DecodePlan
+from .backend import get_backend
 from .cache import KVPool
 from .moe import MoEBlock
 from .shapes import Kind, LayerShape
@@ -99,6 +100,13 @@ class _Layer:
 
 
 @dataclass
+class _Graph:
+    cuda_graph: Any
+    plans: list[Any]
+    x: torch.Tensor
+
+
+@dataclass
 class _Step:
     """What one step runs: prefill segments (request, start, n) and decode requests."""
 
@@ -127,6 +135,8 @@ class EngineCore:
         mode: Mode = "mixed",
         decoder_replay_tokens: int | None = None,
         decode_buckets: Literal["pow2", "single"] = "pow2",
+        backend: str = "reference",
+        graphs: bool = False,
         seed: int = 0,
         dtype: torch.dtype | None = None,
         max_tmp_bytes: int = 1 << 30,
@@ -160,8 +170,9 @@ class EngineCore:
         # the power-of-two buckets make a step's host time depend on the spread of lengths.
         self.min_bucket = DecodePlan.SINGLE if decode_buckets == "single" else None
         self.layers: list[_Layer] = []
+        kernels = get_backend(backend)
         for i, (kind, in_prefill) in enumerate(layers):
-            blk = AttentionBlock(
+            blk = kernels.attention_block(
                 shape,
                 kind,
                 self.device,
@@ -170,12 +181,15 @@ class EngineCore:
                 dtype=self.dtype,
                 max_tmp_bytes=max_tmp_bytes,
             )
-            moe = MoEBlock(
-                shape, self.device, "fp8" if fp8 else "bf16", seed=seed * 100 + i, dtype=self.dtype
-            )
+            moe = kernels.moe_block(shape, self.device, fp8, seed=seed * 100 + i, dtype=self.dtype)
             pool = blk.new_pool(max_seqs, max_tokens, seed=seed * 100 + i)
             self.layers.append(_Layer(kind, in_prefill, blk, moe, pool))
         self._gen = generator(self.device, seed + 7)
+        if graphs and (backend == "reference" or self.device.type != "cuda"):
+            raise ValueError("CUDA-graph decode needs the deepseek backend on a CUDA device")
+        self.graphs = graphs
+        self._graphs: dict[Any, _Graph] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle() if graphs else None
         self.config = {
             "layers": [list(lay) for lay in layers],
             "local_experts": shape.local_experts,
@@ -189,6 +203,8 @@ class EngineCore:
             "accept_prob": accept_prob,
             "decoder_replay_tokens": self.replay,
             "decode_buckets": decode_buckets,
+            "backend": backend,
+            "graphs": graphs,
             "device": str(self.device),
             "dtype": str(self.dtype),
             "seed": seed,
@@ -221,12 +237,11 @@ class EngineCore:
         dev, d = self.device, self.shape.hidden
         segs = [(s, n) for s, n, _ in prefill]
         n_pre = sum(n for _, n in segs)
-        plan = None
-        if len(decode_slots):
-            plan = DecodePlan.from_pool(
-                self.layers[0].pool, np.asarray(decode_slots), v, self.min_bucket
-            )
-        n_dec = plan.B * plan.v if plan is not None else 0
+        plans = self._plans(decode_slots, v) if len(decode_slots) else None
+        if plans is not None and not segs and self.graphs:
+            self._graphed_decode(np.asarray(decode_slots, dtype=np.int64), v, plans)
+            return
+        n_dec = len(decode_slots) * v
         # decoder layers: bounded replay of finishing prompts + the decode rows
         enc_pool = next((lay.pool for lay in self.layers if lay.in_prefill), self.layers[0].pool)
         replay: list[tuple[int, int]] = []
@@ -250,7 +265,8 @@ class EngineCore:
         x = torch.randn(
             (n_pre + n_dec, d), generator=self._gen, device=dev, dtype=torch.float32
         ).to(self.dtype)
-        for lay in self.layers:
+        for i, lay in enumerate(self.layers):
+            plan = plans[i] if plans is not None else None
             if lay.in_prefill:
                 y, z = lay.block.forward(
                     x, lay.pool, prefill=segs, decode=plan, return_ffn_input=True
@@ -262,6 +278,58 @@ class EngineCore:
                     xs, lay.pool, prefill=replay, decode=plan, return_ffn_input=True
                 )
                 x.index_copy_(0, dec_rows, y + lay.moe(z))
+
+    def _plans(self, slots: Sequence[int] | np.ndarray, v: int) -> list[Any]:
+        """Each layer's decode plan; layers share the device tensors of the first one."""
+        seqs = np.asarray(slots, dtype=np.int64)
+        plans: list[Any] = []
+        prev = None
+        for lay in self.layers:
+            prev = lay.block.plan_decode(lay.pool, seqs, v, min_bucket=self.min_bucket, share=prev)
+            plans.append(prev)
+        return plans
+
+    def _decode_layers(self, x: torch.Tensor, plans: list[Any]) -> torch.Tensor:
+        for lay, plan in zip(self.layers, plans, strict=True):
+            y, z = lay.block.forward(x, lay.pool, decode=plan, return_ffn_input=True)
+            x = y + lay.moe(z)
+        return x
+
+    def _graphed_decode(self, slots: np.ndarray, v: int, plans: list[Any]) -> None:
+        """A decode-only step as one CUDA-graph replay, captured once per (batch, verify,
+        visible-entry caps): the GPU's work without the host's launches."""
+        key = (slots.size, v, tuple(p.graph_key for p in plans))
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._capture(plans, slots.size * v)
+            self._graphs[key] = graph
+        else:
+            graph.plans[0].update(self.layers[0].pool, slots)
+        graph.cuda_graph.replay()
+        for lay in self.layers:  # the host bookkeeping forward() does when run eagerly
+            lay.pool.lengths[slots] += v
+
+    def _capture(self, plans: list[Any], rows: int) -> _Graph:
+        lengths = [lay.pool.lengths.copy() for lay in self.layers]
+
+        def restore() -> None:
+            for lay, saved in zip(self.layers, lengths, strict=True):
+                lay.pool.lengths[:] = saved
+
+        x = torch.randn((rows, self.shape.hidden), generator=self._gen, device=self.device).to(
+            self.dtype
+        )
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._decode_layers(x, plans)  # warm-up outside the graph (handles, autotuning)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        restore()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._graph_pool):
+            self._decode_layers(x, plans)
+        restore()
+        return _Graph(g, plans, x)
 
     def fill(self, slot: int, tokens: int) -> None:
         """Give ``slot`` ``tokens`` tokens of random cache state in every layer (no compute)."""

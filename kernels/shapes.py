@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from ..models.spec import ModelSpec
 
-Kind = Literal["swa", "csa", "hca"]
-KINDS: tuple[Kind, ...] = ("swa", "csa", "hca")
+Kind = Literal["swa", "csa", "hca", "mla"]
+KINDS: tuple[Kind, ...] = ("swa", "csa", "hca")  # the V4 kinds; "mla" is V3's latent attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,11 @@ class LayerShape:
     top_k: int
     expert_width: int
     shared_experts: int
+    # MLA (V3) only: latent width, rotary width, per-head no-rope q/k width and value width
+    kv_lora: int = 0
+    rope_dim: int = 0
+    qk_nope: int = 0
+    v_head: int = 0
 
     def __post_init__(self) -> None:
         if self.heads % self.o_groups:
@@ -59,7 +64,7 @@ class LayerShape:
 
     def compression(self, kind: Kind) -> int:
         """KV vectors per compressed entry (0 for window-only layers)."""
-        return {"swa": 0, "csa": self.csa_compression, "hca": self.hca_compression}[kind]
+        return {"swa": 0, "csa": self.csa_compression, "hca": self.hca_compression, "mla": 0}[kind]
 
     @property
     def heads_per_group(self) -> int:
@@ -79,6 +84,16 @@ class LayerShape:
         """
         a, moe = spec.attention, spec.moe
         comp = {g.attention: g.compression for g in reversed(spec.layer_groups)}
+        mla: dict[str, int] = {}
+        if a.mla_qk_head_dim:
+            # V3: q/k = no-rope part (the value width) + rope; the cached latent is head_dim − rope
+            rope = a.mla_qk_head_dim - a.mla_value_head_dim
+            mla = {
+                "kv_lora": a.head_dim - rope,
+                "rope_dim": rope,
+                "qk_nope": a.mla_value_head_dim,
+                "v_head": a.mla_value_head_dim,
+            }
         return cls(
             hidden=spec.hidden,
             heads=a.heads,
@@ -96,7 +111,12 @@ class LayerShape:
             top_k=min(moe.top_k, local_experts),
             expert_width=moe.expert_width,
             shared_experts=moe.shared_experts,
+            **mla,
         )
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora > 0
 
     @classmethod
     def toy(cls, **over: Any) -> LayerShape:

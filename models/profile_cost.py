@@ -1,12 +1,16 @@
 """ProfileStepCost: the StepCost of a calibrated profile (measured or derived).
 
-A profile holds per-layer fits for each attention kind plus the routed-expert and all-to-all
-models (see ``calibration/profile.py``); this class composes them over the model's layer counts
+A profile holds, per model, per-layer fits for each attention kind plus the routed-expert and
+all-to-all models (see ``calibration/profile.py``); this class takes one model's coefficients on
+one hardware (``Profile.coefs(model, hw)``) and composes them over the model's layer counts
 once, at construction, into a handful of coefficients, so every call on the hot path is O(1):
 
-    prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i²)        (sums over prefill layers)
-    decode_dense(rank)    = Σ_kinds count·(a + max(w, b·T) + c·K + d·B)   (vectorized over ranks)
-    moe_s(tokens)         = moe_layers · (a + e·E·(1 − exp(−R/E)) + f·R),  R = tokens·top_k
+    prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i² + E·p_i)   (sums over layers)
+    decode_dense(rank)    = Σ_kinds count·(a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K)
+                            (vectorized over ranks; τ = 1: T as is)
+    moe_s(tokens)         = moe_layers · (a + e·E_act + f·rows),  R = tokens·top_k,
+                            E_act = E·(1 − exp(−R/E)), rows = R (exp form) or
+                            τ·E_act·⌈R/(E_act·τ)⌉ (tile form)
 
 Fits are CUDA-graph replays where capture worked (the GPU's own time: production engines graph
 their decode step and run prefill at sizes where launches hide behind the GPU);
@@ -58,38 +62,49 @@ class ProfileStepCost(StepCost):
 
         def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
-            B = C = D = 0.0
+            B = C = D = E = 0.0
             for g in groups:
                 c = coef_of(coefs.prefill, g.attention, "prefill")
                 A += g.count * c.a
                 B += g.count * c.b
                 C += g.count * c.c
                 D += g.count * c.d
-            return A, B, C, D
+                E += g.count * c.e
+            return A, B, C, D, E
 
         self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], host.prefill)
         replay_groups = [g for g in model.layer_groups if not g.in_prefill]
         self._rep = layer_sum(replay_groups, host.prefill) if replay_groups else None
-        # decode: group layer counts by kind, then per kind (count·a, w, b, count·c, count·d)
+        # decode: group layer counts by kind, then per kind (count·w, count·b, τ) for the max()
+        # term; the linear terms of all kinds fold into four sums
         counts: dict[str, int] = {}
         for g in model.layer_groups:
             counts[g.attention] = counts.get(g.attention, 0) + g.count
         self._dec = []
         # an eager engine (like kernels/engine.py) also pays the launch gaps that CUDA graphs hide
-        self._dec_const = host.decode * model.n_layers if eager else 0.0
+        # (unless that engine replays its decode steps as CUDA graphs: then only prefill pays)
+        graphed_decode = coefs.engine_graphs
+        self._dec_const = host.decode * model.n_layers if eager and not graphed_decode else 0.0
         self._dec_kv = 0.0
         self._dec_seq = 0.0
+        self._dec_vkv = 0.0
         for kind, n in counts.items():
             c = coef_of(coefs.decode, kind, "decode")
-            self._dec.append((n * c.w, n * c.b))
+            self._dec.append((n * c.w, n * c.b, c.tile))
             self._dec_const += n * c.a
             self._dec_kv += n * c.c
             self._dec_seq += n * c.d
+            self._dec_vkv += n * c.e
         m = coefs.moe
-        self._moe_const = m.a + (host.moe if eager else 0.0)
+        self._moe_const = m.a
+        self._moe_host = {
+            ph: host.moe if eager and not (graphed_decode and ph == "decode") else 0.0
+            for ph in PHASES
+        }
         self._moe_e = m.e
         self._moe_experts = model.experts_per_gpu(shape.ep, shape.redundant_experts_per_gpu)
         self._moe_pair = m.f
+        self._moe_tile = m.tile if m.form == "tile" else 1
         self._top_k = model.moe.top_k
         eng = coefs.engine_overhead
         if eager:  # the engine core's own host time per step (see EngineOverhead)
@@ -109,27 +124,30 @@ class ProfileStepCost(StepCost):
         self._a2a = AllToAll(model, hw, shape.ep, a2a.latency_s, a2a.link_efficiency)
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
-        A, B, C, D = self._pre
+        A, B, C, D, E = self._pre
         per_seq = self._pre_seq
         t = A
         for n, p in chunks:
-            t += n * (B + C * p + D * n) + per_seq
+            t += n * (B + C * p + D * n) + E * p + per_seq
         return t
 
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
         if self._rep is None:
             return 0.0
-        A, B, C, D = self._rep
+        A, B, C, D, E = self._rep
         t = A
         for n, p in chunks:
-            t += n * (B + C * p + D * n)
+            t += n * (B + C * p + D * n) + E * p
         return t
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
         tokens = batch * verify
         t = self._dec_const + self._dec_kv * kv_tokens + self._dec_seq * batch
-        for w, b in self._dec:
-            t = t + np.maximum(w, b * tokens)
+        if self._dec_vkv:
+            t = t + self._dec_vkv * verify * kv_tokens
+        for w, b, tile in self._dec:
+            rows = tokens if tile == 1 else tile * np.ceil(tokens / tile)
+            t = t + np.maximum(w, b * rows)
         return t
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
@@ -138,7 +156,10 @@ class ProfileStepCost(StepCost):
         pairs = tokens_per_rank * self._top_k
         E = self._moe_experts
         active = E * (1.0 - math.exp(-pairs / E))
-        per_layer = self._moe_const + self._moe_e * active + self._moe_pair * pairs
+        tile = self._moe_tile
+        rows = pairs if tile == 1 else tile * active * math.ceil(pairs / (active * tile))
+        per_layer = self._moe_const + self._moe_host[phase] + self._moe_e * active
+        per_layer += self._moe_pair * rows
         return per_layer * self._moe_layers[phase]
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:

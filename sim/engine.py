@@ -69,7 +69,8 @@ def make_step_cost(
     if ref == "roofline":
         return RooflineStepCost(model, hw, shape, cm.roofline, cm.step)
     profile = load_profile(ref)
-    return ProfileStepCost(model, hw, shape, profile.for_hardware(hw.name), cm.step, profile.name)
+    coefs = profile.coefs(model, hw.name)
+    return ProfileStepCost(model, hw, shape, coefs, cm.step, profile.name)
 
 
 def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:
@@ -101,7 +102,8 @@ def vision_seconds_per_image(sc: Scenario, hw: HardwareSpec) -> float:
     """Encoder time per image: the profile's measurement, else a roofline of the encoder."""
     ref = sc.cost_model.vision
     if ref != "roofline":
-        measured = load_profile(ref).for_hardware(hw.name).vision_seconds_per_image
+        coefs = load_profile(ref).coefs(load_model(sc.model), hw.name)
+        measured = coefs.vision_seconds_per_image
         if measured is None:
             raise ConfigError("cost_model.vision", f"profile {ref!r} has no vision measurement")
         return measured

@@ -1,94 +1,146 @@
-"""Calibration maths: fits recover known models, derivation scales by the right resource, and a
-profile composes into a StepCost over the model's layer counts.
+"""Calibration maths: fits recover known models (tiles and all), derivation scales by the right
+resource in the model's own dtypes, a profile holds fits per model and composes into a StepCost
+over the model's layer counts.
 
 The GPU measurements themselves are checked in the device run (calibration/README.md); here the
-fitting and composition are tested on synthetic measurements drawn from known coefficients.
+fitting and composition are tested on synthetic measurements drawn from known coefficients, and
+``test_calibration_sweep.py`` runs the real sweep on the CPU with a toy model.
 """
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import pytest
 
-from deepinfer_sim.calibration.derive import derive
+from deepinfer_sim.calibration.derive import Ratios, derive, target_dtype
 from deepinfer_sim.calibration.fit import (
     decode_model,
     fit_decode,
     fit_linear_latency,
     fit_moe,
     fit_prefill,
+    kfold,
     moe_model,
-    split,
 )
 from deepinfer_sim.calibration.profile import (
     A2aCoef,
     DecodeCoef,
+    Dtypes,
     HardwareCoefs,
+    ModelFits,
     MoeCoef,
     PrefillCoef,
     Profile,
     Provenance,
+    load_profile,
+    merge_profiles,
 )
+from deepinfer_sim.errors import ConfigError, UserError
 from deepinfer_sim.models.cost import PoolShape
 from deepinfer_sim.models.profile_cost import ProfileStepCost
 from deepinfer_sim.models.registry import load_hardware, load_model
+from deepinfer_sim.scenario import check_profile
+
+DATA = Path(__file__).parent.parent / "data"
+FLASH = "deepseek-v4.1-flash"
 
 
 def noisy(t: np.ndarray, rng: np.random.Generator, rel: float = 0.01) -> np.ndarray:
     return t * (1 + rng.normal(0, rel, t.shape))
 
 
-def test_split_holds_out_a_fifth_deterministically():
-    s = split(50, seed=3)
-    assert s.heldout.size == 10 and s.train.size == 40
-    assert np.intersect1d(s.train, s.heldout).size == 0
-    assert np.array_equal(split(50, seed=3).heldout, s.heldout)
+# ---- fits ---------------------------------------------------------------------------------------
 
 
-def test_prefill_fit_recovers_the_quadratic():
-    """t = a + b n + c n p + d n² with 1 % noise: coefficients back within a few %, held-out
-    MAPE near the noise level."""
+def test_kfold_partitions_deterministically():
+    parts = kfold(23, 5, seed=3)
+    assert len(parts) == 5
+    assert sorted(np.concatenate(parts).tolist()) == list(range(23))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, kfold(23, 5, seed=3), strict=True))
+
+
+def prefill_truth(X: np.ndarray) -> np.ndarray:
+    a, b, c, d, e = 2e-4, 3e-8, 4e-14, 2e-13, 5e-10
+    n, p = X[:, 0], X[:, 1]
+    return a + b * n + c * n * p + d * n * n + e * p
+
+
+def test_prefill_fit_recovers_the_prefix_term_and_scores_off_grid_only():
+    """t = a + b n + c n p + d n² + e p with 1 % noise: coefficients back within a few %, and the
+    off-grid error is computed on the off-grid points alone — make those 50 % slower and only
+    the off-grid numbers move."""
     rng = np.random.default_rng(0)
     n = np.array([256, 512, 1024, 2048, 4096, 8192, 16384, 32768], dtype=float)
     p = np.array([0, 4096, 16384, 65536, 262144], dtype=float)
     X = np.array([(a, b) for a in n for b in p])
-    a, b, c, d = 2e-4, 3e-8, 4e-14, 2e-13
-    t = noisy(a + b * X[:, 0] + c * X[:, 0] * X[:, 1] + d * X[:, 0] ** 2, rng)
-    coef, err = fit_prefill(X, t)
-    assert coef.b == pytest.approx(b, rel=0.05)
-    assert coef.c == pytest.approx(c, rel=0.05)
-    assert err.heldout_mape < 0.02
-    assert err.n_heldout == 8
+    Xo = np.array([(768, 2000), (3000, 50000), (12000, 180000), (24000, 400000)], dtype=float)
+    t, to = noisy(prefill_truth(X), rng), noisy(prefill_truth(Xo), rng)
+    coef, err = fit_prefill(X, t, Xo, to)
+    assert coef.b == pytest.approx(3e-8, rel=0.05)
+    assert coef.c == pytest.approx(4e-14, rel=0.05)
+    assert coef.e == pytest.approx(5e-10, rel=0.15)
+    assert err.n_train == 40 and err.n_offgrid == 4
+    assert err.train_mape < 0.02 and err.offgrid_mape is not None and err.offgrid_mape < 0.03
+    _, slow = fit_prefill(X, t, Xo, to * 1.5)
+    assert slow.train_mape == pytest.approx(err.train_mape)
+    assert slow.offgrid_mape == pytest.approx(1 / 3, abs=0.02)
+    assert slow.offgrid_max_ape is not None and slow.offgrid_max_ape > 0.3
 
 
-def test_decode_fit_finds_the_weight_read_floor_and_the_gemm_slope():
+def decode_rows(bs, vs, ls) -> np.ndarray:
+    return np.array([(B, B * v, B * L) for B in bs for v in vs for L in ls], dtype=float)
+
+
+DECODE_TRUTH = np.array([3e-5, 2e-5, 5e-7, 2e-11, 1e-7, 1e-11])  # a, w, b, c, d, e
+
+
+def test_decode_fit_finds_the_row_tile_and_the_query_context_term():
+    """GEMM rows padded to 64-row tiles and attention work growing with v·K: the fit picks
+    τ = 64 from {1, 16, 32, 64, 128} and recovers the slope and e; v = 5 and 2 off the grid
+    (where an untiled form misses the padding jump) are predicted within the noise."""
     rng = np.random.default_rng(1)
-    rows = []
-    for B in (1, 4, 16, 64, 128, 256):
-        for v in (1, 2, 4, 6):
-            for L in (1024, 8192, 32768):
-                rows.append((B, B * v, B * L))
-    X = np.array(rows, dtype=float)
-    truth = np.array([5e-5, 4e-5, 2e-7, 3e-11, 1e-7])
-    t = noisy(decode_model(truth, X), rng)
-    coef, err = fit_decode(X, t)
-    assert coef.w == pytest.approx(truth[1], rel=0.15)
-    assert coef.b == pytest.approx(truth[2], rel=0.1)
-    assert coef.c == pytest.approx(truth[3], rel=0.15)
-    assert err.heldout_mape < 0.03
+    X = decode_rows((1, 8, 32, 64, 128, 256), (1, 3, 6), (2048, 8192, 32768))
+    Xo = decode_rows((24, 48, 96, 200), (2, 5), (6000, 20000))
+    t = noisy(decode_model(DECODE_TRUTH, X, tile=64), rng, 0.005)
+    to = noisy(decode_model(DECODE_TRUTH, Xo, tile=64), rng, 0.005)
+    coef, err = fit_decode(X, t, Xo, to)
+    assert coef.tile == 64
+    assert coef.b == pytest.approx(5e-7, rel=0.1)
+    assert coef.e == pytest.approx(1e-11, rel=0.15)
+    assert err.offgrid_mape is not None and err.offgrid_mape < 0.02
+    untiled, err1 = fit_decode(X, t, Xo, to, tiles=(1,))
+    assert untiled.tile == 1 and err1.train_mape > err.train_mape
 
 
-def test_moe_fit():
+def test_tile_one_is_the_version_1_decode_form():
+    """τ = 1 does not round T up (T may be fractional: mean verify tokens), e defaults to 0."""
+    X = np.array([[3.0, 7.5, 30000.0], [10.0, 23.3, 5e5]])
+    x = DECODE_TRUTH[:5]
+    old = x[0] + np.maximum(x[1], x[2] * X[:, 1]) + x[3] * X[:, 2] + x[4] * X[:, 0]
+    np.testing.assert_array_equal(decode_model(x, X), old)
+
+
+MOE_X = np.array(
+    [(E, R) for E in (8, 24, 48, 100) for R in (96, 768, 6144, 24576, 98304)], dtype=float
+)
+
+
+@pytest.mark.parametrize("tile", [1, 128])
+def test_moe_fit_chooses_the_form_by_cross_validation(tile):
+    """Measurements from the exp form (tile 1) or the 128-row tile form: k-fold CV on the
+    training grid picks that form, and the coefficients come back."""
     rng = np.random.default_rng(2)
-    X = np.array([(E, R) for E in (8, 24, 48, 100) for R in (64, 512, 4096, 32768, 196608)], float)
     truth = np.array([2e-5, 3e-6, 4e-9])
-    t = noisy(moe_model(truth, X), rng)
-    coef, err = fit_moe(X, t)
+    t = noisy(moe_model(truth, MOE_X, tile), rng, 0.005)
+    coef, err = fit_moe(MOE_X, t)
+    assert (coef.form, coef.tile) == (("exp", 1) if tile == 1 else ("tile", 128))
     assert coef.e == pytest.approx(truth[1], rel=0.1)
     assert coef.f == pytest.approx(truth[2], rel=0.1)
-    assert err.heldout_mape < 0.03
+    assert err.train_mape < 0.01 and err.offgrid_mape is None
 
 
 def test_latency_bandwidth_fit():
@@ -99,72 +151,245 @@ def test_latency_bandwidth_fit():
     assert bw == pytest.approx(3e11, rel=1e-3)
 
 
-def make_profile() -> Profile:
-    pre = PrefillCoef(a=1e-4, b=2e-8, c=3e-14, d=1e-13)
-    dec = DecodeCoef(a=3e-5, w=4e-5, b=2e-7, c=2e-11, d=1e-7)
-    coefs = HardwareCoefs(
+# ---- profiles and the StepCost ------------------------------------------------------------------
+
+
+def make_coefs() -> HardwareCoefs:
+    pre = PrefillCoef(a=1e-4, b=2e-8, c=3e-14, d=1e-13, e=2e-10)
+    dec = DecodeCoef(a=3e-5, w=4e-5, b=2e-7, c=2e-11, d=1e-7, e=3e-12, tile=64)
+    return HardwareCoefs(
         prefill={"csa": pre, "hca": pre.model_copy(update={"c": 1e-14})},
-        decode={"csa": dec, "hca": dec},
-        moe=MoeCoef(a=1e-5, e=4e-6, f=3e-9),
+        decode={"csa": dec, "hca": dec.model_copy(update={"tile": 1})},
+        moe=MoeCoef(a=1e-5, e=4e-6, f=3e-9, form="tile", tile=128),
         a2a=A2aCoef(latency_s=1e-5, link_efficiency=0.8, measured=True),
         vision_seconds_per_image=0.01,
     )
+
+
+def make_profile(dtypes: Dtypes | None = None, name: str = "test-measured") -> Profile:
     return Profile(
-        name="test-measured",
-        model_family="deepseek-v4.1-flash",
-        provenance=Provenance(kind="measured", device="NVIDIA H200"),
-        hardware={"h200": coefs},
+        name=name,
+        provenance=Provenance(kind="measured", device="NVIDIA H200", kernels="reference"),
+        models={FLASH: ModelFits(dtypes=dtypes or Dtypes(), hardware={"h200": make_coefs()})},
     )
 
 
 def test_profile_cost_composes_layers_of_the_model():
     """V4.1-Flash prefill runs its 5 CSA + 15 HCA encoder layers: the step is the sum of 20
-    per-layer fits; decode adds the 20 decoder (CSA) layers."""
-    prof = make_profile()
-    model = load_model("deepseek-v4.1-flash")
-    c = ProfileStepCost(model, load_hardware("h200"), PoolShape(4, 4), prof.hardware["h200"])
+    per-layer fits; decode adds the 20 decoder (CSA) layers, each with its own row tile."""
+    model = load_model(FLASH)
+    coefs = make_profile().coefs(model, "h200")
+    c = ProfileStepCost(model, load_hardware("h200"), PoolShape(4, 4), coefs)
     n, p = 4096, 10_000
-    csa, hca = prof.hardware["h200"].prefill["csa"], prof.hardware["h200"].prefill["hca"]
-    per = [k.a + k.b * n + k.c * n * p + k.d * n * n for k in (csa, hca)]
+    per = [k.a + k.b * n + k.c * n * p + k.d * n * n + k.e * p for k in coefs.prefill.values()]
     assert c.prefill_dense([(n, p)]) == pytest.approx(5 * per[0] + 15 * per[1])
-    dec = prof.hardware["h200"].decode["csa"]
-    B, v, K = 10.0, 2.0, 50_000.0
-    one = dec.a + max(dec.w, dec.b * B * v) + dec.c * K + dec.d * B
-    got = c.decode_dense(np.array([B]), np.array([K]), v)[0]
-    assert got == pytest.approx(40 * one)
-    m = prof.hardware["h200"].moe
+    B, v, K = np.array([10.0, 300.0]), 2.0, np.array([50_000.0, 2_400_000.0])
+
+    def layer(k: DecodeCoef) -> np.ndarray:
+        rows = B * v if k.tile == 1 else k.tile * np.ceil(B * v / k.tile)
+        return k.a + np.maximum(k.w, k.b * rows) + k.c * K + k.d * B + k.e * v * K
+
+    want = 25 * layer(coefs.decode["csa"]) + 15 * layer(coefs.decode["hca"])
+    np.testing.assert_allclose(c.decode_dense(B, K, v), want, rtol=1e-12)
+    m = coefs.moe
     E = model.experts_per_gpu(4, 4)
     active = E * (1 - np.exp(-600 / E))  # 100 tokens × top-6 pairs over E local experts
-    assert c.moe_s(100.0, "prefill") == pytest.approx(20 * (m.a + m.e * active + m.f * 600))
+    rows = 128 * active * math.ceil(600 / (active * 128))
+    assert c.moe_s(100.0, "prefill") == pytest.approx(20 * (m.a + m.e * active + m.f * rows))
+
+
+def old_step_cost(coefs: HardwareCoefs, model, n: int, p: int, B: float, K: float, v: float):
+    """The version 1 composition (before e terms and tiles), written out by hand."""
+    groups = [g for g in model.layer_groups if g.in_prefill]
+    pre = sum(
+        g.count * (c.a + c.b * n + c.c * n * p + c.d * n * n)
+        for g in groups
+        for c in [coefs.prefill[g.attention]]
+    )
+    dec = sum(
+        g.count * (c.a + max(c.w, c.b * B * v) + c.c * K + c.d * B)
+        for g in model.layer_groups
+        for c in [coefs.decode[g.attention]]
+    )
+    E = model.experts_per_gpu(8, 0)
+    R = 100 * model.moe.top_k
+    m = coefs.moe
+    moe = m.a + m.e * E * (1 - math.exp(-R / E)) + m.f * R
+    return pre, dec, moe * model.moe_layer_count("decode")
+
+
+def test_version_1_profile_loads_and_gives_the_same_step_cost():
+    """A version 1 file (one model: ``model_family`` + top-level hardware/fit/raw) loads as
+    fits for that model, keeps its held-out errors and raw data, equals the shipped
+    ``h200-reference`` coefficients and composes exactly the version 1 step times."""
+    v1 = load_profile(str(DATA / "v1-profile.yaml"))
+    assert list(v1.models) == [FLASH] and v1.version == 2
+    fits = v1.models[FLASH]
+    assert fits.dtypes.kv_cache == "bf16"  # version 1 kernels cached in the attention dtype
+    assert fits.fit["moe"].heldout_mape is not None and fits.fit["moe"].offgrid_mape is None
+    assert fits.raw["prefill"]
+    assert fits.hardware == load_profile("h200-reference").models[FLASH].hardware
+    model = load_model(FLASH)
+    coefs = v1.coefs(model, "h200")
+    assert coefs.moe.form == "exp" and all(d.tile == 1 for d in coefs.decode.values())
+    c = ProfileStepCost(model, load_hardware("h200"), PoolShape(8, 0), coefs)
+    pre, dec, moe = old_step_cost(coefs, model, 3000, 20_000, 37.0, 37 * 9000.0, 2.4)
+    assert c.prefill_dense([(3000, 20_000)]) == pytest.approx(pre, rel=1e-12)
+    assert float(c.decode_dense(np.array([37.0]), np.array([37 * 9000.0]), 2.4)[0]) == (
+        pytest.approx(dec, rel=1e-12)
+    )
+    assert c.moe_s(100.0, "decode") == pytest.approx(moe, rel=1e-12)
+
+
+def test_fits_are_found_for_the_model_or_a_model_at_the_same_widths():
+    """The 3-layer engine stack (deepseek-v4.1-flash-mini) uses the V4.1-Flash fits: fits are
+    per layer, widths decide. A model at other widths is refused, naming it, the models the
+    profile has fits for, and what to do."""
+    prof = make_profile()
+    assert prof.for_model(load_model(FLASH)) is prof.models[FLASH]
+    assert prof.for_model(load_model("deepseek-v4.1-flash-mini")) is prof.models[FLASH]
+    with pytest.raises(ConfigError) as exc:
+        prof.for_model(load_model("deepseek-v3"))
+    msg = str(exc.value)
+    for part in ("no fits for model 'deepseek-v3'", FLASH, "calibrate", "roofline"):
+        assert part in msg
+
+
+def test_missing_hardware_is_named():
+    with pytest.raises(ConfigError, match=r"fits for model 'deepseek-v4\.1-flash' but no coeff"):
+        make_profile().coefs(load_model(FLASH), "gb200")
+    with pytest.raises(ConfigError, match="no coefficients for hardware 'gb200'"):
+        make_profile().for_hardware("gb200")
+
+
+def test_check_profile_accepts_the_models_fits_and_names_what_is_missing(tmp_path):
+    from deepinfer_sim.calibration.profile import write_profile
+
+    path = tmp_path / "p.yaml"
+    write_profile(make_profile(), path)
+    check_profile(str(path), load_model(FLASH), "h200", None)
+    check_profile(str(path), load_model("deepseek-v4.1-flash-mini"), "h200", None)
+    with pytest.raises(ConfigError, match="no fits for model 'deepseek-v4-pro'"):
+        check_profile(str(path), load_model("deepseek-v4-pro"), "h200", None)
+    with pytest.raises(ConfigError, match="no coefficients for hardware 'b200'"):
+        check_profile(str(path), load_model(FLASH), "b200", None)
+    # V4-Flash at V4.1-Flash widths would still need an SWA fit: named, not a crash later
+    flash = load_model(FLASH)
+    swa = flash.model_copy(
+        update={"name": "with-swa", "layer_groups": load_model("deepseek-v4-flash").layer_groups}
+    )
+    with pytest.raises(ConfigError, match="no prefill swa, decode swa fit on h200"):
+        check_profile(str(path), swa, "h200", None)
+
+
+def test_a_scenario_names_the_pool_whose_profile_lacks_the_model():
+    """The default scenario on DeepSeek-V3: the shipped profiles have V4.1-Flash fits only, so
+    loading it is one error located at the pool's cost model."""
+    from deepinfer_sim.scenario import load_scenario
+
+    with pytest.raises(ConfigError) as exc:
+        load_scenario("default", ["model=deepseek-v3"])
+    assert "cost_model.prefill: profile 'sm100-derived' has no fits for model 'deepseek-v3'" in (
+        str(exc.value)
+    )
+    load_scenario("default", ["model=deepseek-v4.1-flash-mini"])  # same widths: accepted
+
+
+def test_a_profile_with_several_models_needs_the_model_named():
+    prof = merge_profiles([make_profile(), rename(make_profile(), "other")], "both")
+    assert set(prof.models) == {FLASH, "other"}
+    with pytest.raises(ConfigError, match="name the model"):
+        prof.for_hardware("h200")
+
+
+def rename(prof: Profile, model: str) -> Profile:
+    (fits,) = prof.models.values()
+    return prof.model_copy(update={"models": {model: fits}})
+
+
+def test_merge_needs_the_same_device_and_kernels_and_disjoint_models():
+    a = make_profile(name="a")
+    b = rename(make_profile(name="b"), "other")
+    merged = merge_profiles([a, b], "ab")
+    assert merged.name == "ab" and "merged from a, b" in merged.provenance.note
+    with pytest.raises(UserError, match=r"model 'deepseek-v4\.1-flash' has fits in more than one"):
+        merge_profiles([a, make_profile(name="c")], "x")
+    other_kernels = b.model_copy(
+        update={"provenance": b.provenance.model_copy(update={"kernels": "deepseek"})}
+    )
+    with pytest.raises(UserError, match="kernels differs"):
+        merge_profiles([a, other_kernels], "x")
+
+
+# ---- derivation ---------------------------------------------------------------------------------
+
+
+def test_the_models_dtype_counts_only_where_the_target_has_units_for_it():
+    h200, gb200 = load_hardware("h200"), load_hardware("gb200")
+    assert target_dtype("mxfp4", "fp8", gb200) == "mxfp4"
+    assert target_dtype("mxfp4", "fp8", h200) == "fp8"  # no FP4 units: stays as measured
+    assert target_dtype("fp8", "bf16", h200) == "fp8"
 
 
 def test_derived_profile_scales_by_the_bounding_resource():
-    """H200 -> GB200: dense GEMM time by the FP8 rate ratio, weights/KV reads by HBM bandwidth,
-    expert GEMMs by H200-FP8 vs GB200-FP4, expert weight reads also by MXFP4/FP8 bytes."""
+    """H200 -> GB200 for V4.1-Flash (FP8 dense, MXFP4 experts, FP8 KV) measured with FP8 dense
+    and experts over a bf16 cache: dense GEMMs by the FP8 rate ratio, weight reads by HBM
+    bandwidth, expert GEMMs by H200-FP8 vs GB200-FP4 and expert reads also by MXFP4/FP8 bytes,
+    cache reads by HBM × FP8/bf16 bytes, attention by the bf16 rate; launches kept."""
     prof = make_profile()
     d = derive(prof, "x-derived", ["gb200", "b200"])
     assert d.provenance.kind == "derived" and "derived, not measured" in str(d.provenance.method)
+    assert d.provenance.kernels == "reference"
     h, g = load_hardware("h200"), load_hardware("gb200")
-    src, dst = prof.hardware["h200"], d.hardware["gb200"]
+    mem = h.hbm_bytes_per_s / g.hbm_bytes_per_s
+    src, dst = prof.models[FLASH].hardware["h200"], d.models[FLASH].hardware["gb200"]
     assert dst.prefill["csa"].b == pytest.approx(
         src.prefill["csa"].b * h.flops("fp8") / g.flops("fp8")
     )
-    assert dst.decode["csa"].w == pytest.approx(
-        src.decode["csa"].w * h.hbm_bytes_per_s / g.hbm_bytes_per_s
+    assert dst.prefill["csa"].c == pytest.approx(
+        src.prefill["csa"].c * h.flops("bf16") / g.flops("bf16")
     )
+    assert dst.prefill["csa"].e == pytest.approx(src.prefill["csa"].e * mem * 0.5)
+    assert dst.decode["csa"].w == pytest.approx(src.decode["csa"].w * mem)
+    assert dst.decode["csa"].c == pytest.approx(src.decode["csa"].c * mem * 0.5)
+    assert dst.decode["csa"].d == pytest.approx(src.decode["csa"].d * mem)
+    assert dst.decode["csa"].e == pytest.approx(
+        src.decode["csa"].e * h.flops("bf16") / g.flops("bf16")
+    )
+    assert dst.decode["csa"].tile == 64 and dst.moe.tile == 128 and dst.moe.form == "tile"
     assert dst.moe.f == pytest.approx(src.moe.f * h.flops("fp8") / g.flops("fp4"))
-    assert dst.moe.e == pytest.approx(
-        src.moe.e * h.hbm_bytes_per_s / g.hbm_bytes_per_s * (0.5 + 1 / 32) / 1.0
-    )
+    assert dst.moe.e == pytest.approx(src.moe.e * mem * (0.5 + 1 / 32) / 1.0)
     assert dst.decode["csa"].a == src.decode["csa"].a  # launch overhead is not hardware-bound
-    assert set(d.hardware) == {"gb200", "b200"}
+    assert set(d.models[FLASH].hardware) == {"gb200", "b200"}
 
 
-def test_profile_must_cover_the_pool_hardware():
-    from deepinfer_sim.errors import ConfigError
+def test_deriving_for_the_measured_hardware_changes_nothing():
+    """Measured in the model's own dtypes on an H200 (MXFP4 experts run as FP8 there: no FP4
+    units), deriving H200 -> H200 returns the measured coefficients exactly."""
+    prof = make_profile(Dtypes(dense="fp8", experts="fp8", attention="bf16", kv_cache="fp8"))
+    same = derive(prof, "again", ["h200"])
+    assert same.models[FLASH].hardware["h200"] == prof.models[FLASH].hardware["h200"]
+    r = Ratios.of(
+        load_hardware("h200"), load_hardware("h200"), Dtypes(), load_model(FLASH).precision
+    )
+    assert (r.expert, r.expert_bytes) == (1.0, 1.0)  # was × 0.53 on the expert weight reads
+    ref = load_profile("h200-reference")
+    again = derive(ref, "again", ["h200"]).models[FLASH].hardware["h200"]
+    assert again.moe == ref.models[FLASH].hardware["h200"].moe
 
-    with pytest.raises(ConfigError, match="no coefficients for hardware 'gb200'"):
-        make_profile().for_hardware("gb200")
+
+def test_derivation_needs_one_measured_hardware_entry():
+    derived = derive(make_profile(), "d", ["gb200", "b200"])
+    with pytest.raises(UserError, match=r"is derived .* not measured"):
+        derive(derived, "dd", ["h200"])
+    two = derived.model_copy(
+        update={"provenance": derived.provenance.model_copy(update={"kind": "measured"})}
+    )
+    with pytest.raises(UserError, match="2 hardware entries for model"):
+        derive(two, "dd", ["h200"])
+
+
+# ---- the sweep with a synthetic clock -----------------------------------------------------------
 
 
 class SyntheticBench:
@@ -172,37 +397,38 @@ class SyntheticBench:
 
     device_name = "synthetic"
     hardware = "h200"
+    kinds = ("csa", "hca")
+    kernels = "synthetic"
+    engine_graphs = False
+    kernel_versions: ClassVar[dict[str, str]] = {"clock": "numpy"}
     software: ClassVar[dict[str, str]] = {"torch": "n/a", "cuda": "n/a"}
 
     def __init__(self) -> None:
-        from deepinfer_sim.calibration.profile import Dtypes
-
+        self.spec = load_model(FLASH)
         self.dtypes = Dtypes()
         self.host_overhead: dict[str, list[float]] = {"decode": [2e-3]}
+        self.rng = np.random.default_rng(5)
 
     def warmup(self) -> None:
         pass
-        self.rng = np.random.default_rng(5)
 
     def _noise(self, t: float) -> float:
         return float(t * (1 + self.rng.normal(0, 0.01)))
 
     def prefill(self, kind: str, n: int, p: int) -> float:
         c = 3e-14 if kind == "csa" else 1e-14
-        return self._noise(1e-4 + 2e-8 * n + c * n * p + 1e-13 * n * n)
+        return self._noise(1e-4 + 2e-8 * n + c * n * p + 1e-13 * n * n + 1e-10 * p)
 
     def decode(self, kind: str, batch: int, context: int, verify: int) -> float:
-        x = np.array([3e-5, 4e-5, 2e-7, 2e-11, 1e-7])
-        return self._noise(
-            float(decode_model(x, np.array([[batch, batch * verify, batch * context]]))[0])
-        )
+        X = np.array([[batch, batch * verify, batch * context]], dtype=float)
+        return self._noise(float(decode_model(DECODE_TRUTH, X, 64)[0]))
+
+    def moe_pairs(self, local_experts: int, tokens: int) -> int:
+        return tokens * 6
 
     def moe(self, local_experts: int, tokens: int) -> float:
-        return self._noise(
-            float(
-                moe_model(np.array([1e-5, 4e-6, 3e-9]), np.array([[local_experts, tokens * 6]]))[0]
-            )
-        )
+        X = np.array([[local_experts, tokens * 6]], dtype=float)
+        return self._noise(float(moe_model(np.array([1e-5, 4e-6, 3e-9]), X)[0]))
 
     def a2a_table(self) -> list[tuple[float, float]]:
         return [(float(b), 1e-5 + b / 4e11) for b in (1 << 16, 1 << 20, 1 << 24, 1 << 26)]
@@ -213,25 +439,48 @@ class SyntheticBench:
     def vision(self) -> float | None:
         return 0.02
 
-    def engine_steps(self) -> list[tuple[str, int, int, int, float]]:
+    def engine_steps(self, decode, prefill) -> list[tuple[str, int, int, int, float]]:
         return []
 
 
-def test_sweep_builds_a_profile_that_meets_the_fit_target(tmp_path):
-    """The whole pipeline — measure over the quick grid, fit, assemble, write, reload — yields a
-    profile whose held-out errors are near the injected noise and that loads as a StepCost."""
-    import yaml
-
-    from deepinfer_sim.calibration.profile import load_profile
+def test_sweep_builds_a_profile_judged_off_the_grid(tmp_path):
+    """The whole pipeline — measure the quick grid and its off-grid shapes, fit on the grid,
+    score off it, assemble, write, reload — yields per-model fits whose off-grid errors are near
+    the injected noise, with the off-grid raw points kept."""
+    from deepinfer_sim.calibration.profile import write_profile
     from deepinfer_sim.calibration.sweep import Grid, build_profile, measure
 
     bench = SyntheticBench()
-    m = measure(bench, Grid.quick(), log=lambda s: None)
-    prof = build_profile(bench, m, "synthetic-measured", "deepseek-v4.1-flash", "test", top_k=6)
-    assert all(f.heldout_mape < 0.05 for f in prof.fit.values()), prof.fit
-    assert prof.hardware["h200"].a2a.measured
-    assert prof.hardware["h200"].a2a.link_efficiency == pytest.approx(4e11 / 450e9, rel=1e-3)
+    grid = Grid.quick()
+    m = measure(bench, grid, log=lambda s: None)
+    prof = build_profile(bench, m, "synthetic-measured", "test")
+    fits = prof.models[FLASH]
+    assert set(fits.fit) == {"prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe"}
+    for key, f in fits.fit.items():
+        assert f.offgrid_mape is not None and f.offgrid_mape < 0.03, (key, f)
+        assert f.n_offgrid > 0 and f.heldout_mape is None
+    assert fits.fit["prefill.csa"].n_train == len(grid.prefill_shapes())
+    assert fits.fit["decode.csa"].n_offgrid == len(grid.offgrid_decode_shapes())
+    assert fits.hardware["h200"].decode["csa"].tile == 64
+    assert len(fits.raw["decode_offgrid"]) == 2 * len(grid.offgrid_decode_shapes())
+    assert len(fits.raw["moe_offgrid"]) == len(grid.off_moe)
+    assert prof.provenance.kernels == "synthetic" and prof.provenance.kernel_versions
+    assert fits.hardware["h200"].a2a.measured
+    assert fits.hardware["h200"].a2a.link_efficiency == pytest.approx(4e11 / 450e9, rel=1e-3)
     path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(prof.model_dump(mode="json"), sort_keys=False))
-    again = load_profile(str(path))
-    assert again == prof
+    write_profile(prof, path)
+    assert load_profile(str(path)) == prof
+
+
+def test_quick_grid_off_grid_shapes_are_new_and_within_budget():
+    """Off-grid shapes lie between or beyond the grid points (never on them) and add at most
+    30 % to the quick grid's shape count (it has a ~5 minute GPU budget per model)."""
+    from deepinfer_sim.calibration.sweep import Grid
+
+    for grid in (Grid.quick(), Grid()):
+        assert not set(grid.off_prefill) & set(grid.prefill_shapes())
+        assert not {v for _, _, v in grid.off_decode} & set(grid.decode_v)
+        assert not {e for e, _ in grid.off_moe} & set(grid.moe_e)
+        assert max(p for _, p in grid.off_prefill) > max(grid.prefill_p)
+    counts = Grid.quick().count(kinds=3)
+    assert counts["offgrid"] <= 0.3 * counts["grid"], counts

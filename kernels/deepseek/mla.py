@@ -1,0 +1,295 @@
+"""One DeepSeek-V3 MLA layer (+ shared expert) on DeepSeek's kernels, in both of MLA's forms.
+
+Weights (random, seeded, at the model's widths): ``wq_a [q_lora, hidden]``, ``q_norm``,
+``wq_b [H·(nope+rope), q_lora]``, ``wkv_a [kv_lora+rope, hidden]``, ``kv_norm [kv_lora]``,
+``wkv_b [H·(nope+v), kv_lora]``, ``wo [hidden, H·v]``, shared expert. Rotary embeddings are left
+out (they change no shapes), as in the V4 blocks.
+
+* **Cache** (``MLAPool``): the latent (``kv_lora`` normalized values + ``rope`` values = 576) per
+  token in bf16 pages of 64 tokens, the layout FlashMLA's dense decode reads; sequence ``s`` owns
+  a contiguous run of pages.
+* **Decode, absorbed form** (what engines run for decode): ``q_nope`` is multiplied into the
+  latent space by ``W_UK`` (a per-head bmm), FlashMLA's dense MLA decode attends over the paged
+  latent cache with 576-wide keys and 512-wide values (causal over the ``s_q`` verify tokens), and
+  ``W_UV`` maps the result back per head before ``wo``.
+* **Prefill, MHA form** (what engines run for prefill): the latent of the prefix and the chunk
+  is up-projected by ``wkv_b`` to per-head keys (nope + shared rope = 192) and values (128), and
+  the chunk's queries attend causally (aligned to the end) with PyTorch's SDPA; values are
+  zero-padded to 192 so the flash backend takes them (its cost: the PV product at 192 instead of
+  128 wide). The up-projection of the prefix is the term of a chunk's cost that grows with p.
+
+All projections are FP8 (``fp8.py``); the absorbed bmm's run in bf16, as in DeepSeek's engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .._util import as_device, default_dtype, generator, randn, rms_norm
+from ..cache import SlotBook
+from ..shapes import LayerShape
+from . import flashmla
+from .fp8 import FP8Linear, quantize_rows
+from .plan import DevicePlan
+
+PAGE = 64  # FlashMLA's dense decode page size
+
+
+class MLAPool(SlotBook):
+    """The paged bf16 latent cache of one MLA layer (+ a scratch slot), KVPool's bookkeeping."""
+
+    def __init__(
+        self,
+        *,
+        shape: LayerShape,
+        max_seqs: int,
+        max_tokens: int,
+        device: torch.device,
+        seed: int = 0,
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> None:
+        if max_seqs <= 0 or max_tokens <= 0:
+            raise ValueError("max_seqs and max_tokens must be positive")
+        self.kind, self.shape, self.device, self.dtype = "mla", shape, device, dtype
+        self.kv_dtype = "bf16" if dtype == torch.bfloat16 else "fp32"
+        self.max_seqs, self.max_tokens = max_seqs, max_tokens
+        self.scratch = max_seqs
+        self.m = 0
+        self.pages_per_seq = -(-max_tokens // PAGE)
+        self.width = shape.kv_lora + shape.rope_dim
+        gen = generator(device, seed)
+        pages = (max_seqs + 1) * self.pages_per_seq
+        self.cache = torch.empty((pages, PAGE, 1, self.width), device=device, dtype=dtype)
+        self.rows = self.cache.view(pages * PAGE, self.width)
+        step = 1 << 18  # rows per chunk: random fill without a float32 copy of the whole cache
+        for r0 in range(0, self.rows.shape[0], step):
+            chunk = self.rows[r0 : r0 + step]
+            chunk.copy_(randn(chunk.shape, std=1.0, gen=gen, device=device, dtype=dtype))
+        self.lengths = np.zeros(max_seqs, dtype=np.int64)
+        self.in_use = np.zeros(max_seqs, dtype=bool)
+
+    def token_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return slots * (self.pages_per_seq * PAGE) + pos
+
+
+@dataclass
+class MLADecodePlan(DevicePlan):
+    """An MLA decode step's device inputs plus the page-table width (a graph's shape)."""
+
+    page_cap: int = 1
+
+    @property
+    def graph_key(self) -> tuple[int, ...]:
+        return (self.page_cap,)
+
+    @classmethod
+    def build(
+        cls, pool: MLAPool, seqs: np.ndarray | list[int], v: int, share: object = None
+    ) -> MLADecodePlan:
+        slots, lengths, slots_t, lengths_t = cls.inputs(pool, seqs, v, pool.device, share)
+        need = int((lengths + v).max()) if slots.size else 1
+        cap = min(pool.pages_per_seq, -(-need // PAGE))
+        return cls(slots, lengths, v, slots_t, lengths_t, cap)
+
+
+class MLABlock:
+    """Attention (MLA) + shared expert of one V3 layer."""
+
+    def __init__(
+        self,
+        shape: LayerShape,
+        kind: str = "mla",
+        device: torch.device | str | None = None,
+        fp8: bool = True,
+        seed: int = 0,
+        *,
+        dtype: torch.dtype | None = None,
+        max_tmp_bytes: int = 1 << 30,
+    ) -> None:
+        if not shape.is_mla:
+            raise ValueError("MLABlock needs a shape with MLA widths (kv_lora, rope_dim, ...)")
+        self.shape, self.kind, self.fp8 = shape, "mla", fp8
+        self.device = as_device(device)
+        self.dtype = dtype or default_dtype(self.device)
+        s, dev, dt = shape, self.device, self.dtype
+        H, nope, rope, vh, lat = s.heads, s.qk_nope, s.rope_dim, s.v_head, s.kv_lora
+        gen = generator(dev, seed * 1000 + 7)
+
+        def w(o: int, i: int) -> torch.Tensor:
+            return randn((o, i), std=i**-0.5, gen=gen, device=dev, dtype=dt)
+
+        self.attn_norm = torch.ones(s.hidden, device=dev, dtype=dt)
+        self.q_norm = torch.ones(s.q_lora, device=dev, dtype=dt)
+        self.kv_norm = torch.ones(lat, device=dev, dtype=dt)
+        self.ffn_norm = torch.ones(s.hidden, device=dev, dtype=dt)
+        self.wq_a, self.wkv_a = w(s.q_lora, s.hidden), w(lat + rope, s.hidden)
+        self.wq_b = w(H * (nope + rope), s.q_lora)
+        self.wkv_b = w(H * (nope + vh), lat)
+        self.wo = w(s.hidden, H * vh)
+        kvb = self.wkv_b.view(H, nope + vh, lat)
+        absorb = torch.bfloat16 if fp8 else dt  # the absorbed bmm's run in bf16 in production
+        self.w_uk = kvb[:, :nope].to(absorb).contiguous()  # [H, nope, lat]
+        self.w_uv_t = kvb[:, nope:].transpose(1, 2).to(absorb).contiguous()  # [H, lat, v]
+        self.scale = (nope + rope) ** -0.5
+        self.w_in = FP8Linear([self.wq_a, self.wkv_a], fp8)
+        self.w_qb = FP8Linear([self.wq_b], fp8)
+        self.w_kvb = FP8Linear([self.wkv_b], fp8)
+        self.w_o = FP8Linear([self.wo], fp8)
+        self.w_gu = self.w_down = None
+        if s.shared_width:
+            self.w_gate_up = w(2 * s.shared_width, s.hidden)
+            self.w_dn = w(s.hidden, s.shared_width)
+            self.w_gu, self.w_down = FP8Linear([self.w_gate_up], fp8), FP8Linear([self.w_dn], fp8)
+
+    def new_pool(self, max_seqs: int, max_tokens: int, seed: int = 0) -> MLAPool:
+        return MLAPool(
+            shape=self.shape,
+            max_seqs=max_seqs,
+            max_tokens=max_tokens,
+            device=self.device,
+            seed=seed,
+            dtype=torch.bfloat16 if self.fp8 else self.dtype,
+        )
+
+    def plan_decode(
+        self,
+        pool: MLAPool,
+        seqs: np.ndarray | list[int],
+        v: int,
+        share: object = None,
+        **kw: object,
+    ) -> MLADecodePlan:
+        return MLADecodePlan.build(pool, seqs, v, share)
+
+    def prefill(
+        self, x: torch.Tensor, pool: MLAPool, seq: int, *, return_ffn_input: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return self.forward(x, pool, prefill=[(seq, x.shape[0])], return_ffn_input=return_ffn_input)
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        pool: MLAPool,
+        plan: MLADecodePlan | np.ndarray | list[int],
+        *,
+        return_ffn_input: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        b, v, dmodel = x.shape
+        if not isinstance(plan, MLADecodePlan):
+            plan = self.plan_decode(pool, np.asarray(plan), v)
+        res = self.forward(
+            x.reshape(b * v, dmodel), pool, decode=plan, return_ffn_input=return_ffn_input
+        )
+        if isinstance(res, tuple):
+            return res[0].view(b, v, dmodel), res[1].view(b, v, dmodel)
+        return res.view(b, v, dmodel)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        pool: MLAPool,
+        prefill: list[tuple[int, int]] | tuple[tuple[int, int], ...] = (),
+        decode: MLADecodePlan | None = None,
+        *,
+        return_ffn_input: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        s = self.shape
+        t = x.shape[0]
+        H, nope, rope, lat = s.heads, s.qk_nope, s.rope_dim, s.kv_lora
+        n_dec = decode.B * decode.v if decode is not None else 0
+        if sum(n for _, n in prefill) + n_dec != t:
+            raise ValueError("rows of x do not match the prefill segments + decode rows")
+        hq, hs, _ = quantize_rows(x, norm_weight=self.attn_norm, fp8=self.fp8)
+        ql_raw, kv_raw = self.w_in(hq[0], hs[0], t)
+        qlq, qls, _ = quantize_rows(ql_raw, norm_weight=self.q_norm, fp8=self.fp8)
+        q = self.w_qb.one(qlq[0], qls[0], t).view(t, H, nope + rope)
+        latent = torch.cat([rms_norm(kv_raw[:, :lat], self.kv_norm), kv_raw[:, lat:]], dim=1)
+        att = torch.empty((t, H, s.v_head), dtype=q.dtype, device=self.device)
+        row = 0
+        for seq, n in prefill:
+            sl = slice(row, row + n)
+            att[sl] = self._prefill_attention(pool, seq, q[sl], latent[sl])
+            row += n
+        if decode is not None and n_dec:
+            sl = slice(row, row + n_dec)
+            att[sl] = self._decode_attention(pool, decode, q[sl], latent[sl])
+            pool.lengths[decode.slots] += decode.v
+        aq, as_, _ = quantize_rows(att.view(t, -1), fp8=self.fp8)
+        y = x + self.w_o.one(aq[0], as_[0], t).to(x.dtype)
+        zq, zs, z = quantize_rows(
+            y, norm_weight=self.ffn_norm, want_bf16=return_ffn_input, fp8=self.fp8
+        )
+        if self.w_gu is not None and self.w_down is not None:
+            gu = self.w_gu.one(zq[0], zs[0], t)
+            gq, gs, _ = quantize_rows(gu, silu=True, fp8=self.fp8)
+            y = y + self.w_down.one(gq[0], gs[0], t).to(y.dtype)
+        if return_ffn_input:
+            assert z is not None
+            return y, z[0, :t].to(x.dtype)
+        return y
+
+    def _prefill_attention(
+        self, pool: MLAPool, seq: int, q: torch.Tensor, latent: torch.Tensor
+    ) -> torch.Tensor:
+        s, dev = self.shape, self.device
+        H, nope, rope, vh, lat = s.heads, s.qk_nope, s.rope_dim, s.v_head, s.kv_lora
+        pool._check(seq)
+        p, n = int(pool.lengths[seq]), q.shape[0]
+        pool._check_capacity(p + n)
+        slot = torch.full((1,), seq, device=dev)  # a kernel, not a copy: capturable
+        pool.rows.index_copy_(
+            0, pool.token_rows(slot, torch.arange(p, p + n, device=dev)), latent.to(pool.dtype)
+        )
+        allrows = pool.rows.index_select(0, pool.token_rows(slot, torch.arange(p + n, device=dev)))
+        lq, ls, _ = quantize_rows(allrows[:, :lat], fp8=self.fp8)
+        kvb = self.w_kvb.one(lq[0], ls[0], p + n).view(p + n, H, nope + vh)
+        k = torch.cat(
+            [kvb[..., :nope], allrows[:, lat:].view(p + n, 1, rope).expand(-1, H, -1)], -1
+        )
+        v = torch.nn.functional.pad(kvb[..., nope:], (0, nope + rope - vh))
+        out = _causal_attention(q, k, v, self.scale)
+        pool.lengths[seq] = p + n
+        return out[..., :vh]
+
+    def _decode_attention(
+        self, pool: MLAPool, plan: MLADecodePlan, q: torch.Tensor, latent: torch.Tensor
+    ) -> torch.Tensor:
+        """Device-only (graph-capturable): write the new latents, absorbed attention."""
+        s, dev = self.shape, self.device
+        B, v, H, nope = plan.B, plan.v, s.heads, s.qk_nope
+        slots, L = plan.slots_t, plan.lengths_t
+        pos = L.view(B, 1) + torch.arange(v, device=dev).view(1, v)
+        pool.rows.index_copy_(
+            0, pool.token_rows(slots.view(B, 1), pos).reshape(-1), latent.to(pool.dtype)
+        )
+        dt = pool.dtype
+        q_lat = torch.bmm(q[..., :nope].transpose(0, 1).to(dt), self.w_uk.to(dt))
+        q_full = torch.cat([q_lat.transpose(0, 1), q[..., nope:].to(dt)], dim=-1)
+        pages = slots.view(B, 1) * pool.pages_per_seq + torch.arange(plan.page_cap, device=dev)
+        out = flashmla.dense_decode(
+            q_full.reshape(B, v, H, -1).contiguous(),
+            pool.cache,
+            pages.to(torch.int32),
+            (L + v).to(torch.int32),
+            self.scale,
+            causal=v > 1,
+            d_v=s.kv_lora,
+        )  # [B, v, H, kv_lora]
+        o = torch.bmm(out.reshape(B * v, H, -1).transpose(0, 1), self.w_uv_t.to(dt))  # [H,T,v]
+        return o.transpose(0, 1)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """``q [n, H, d]`` (the last n positions) over ``k, v [p+n, H, d]``, causal, end-aligned."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    n, kv = q.shape[0], k.shape[0]
+    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0).to(q.dtype) for t in (q, k, v))
+    mask = causal_lower_right(n, kv) if kv != n else None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=scale
+    )
+    return out[0].transpose(0, 1)

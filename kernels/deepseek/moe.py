@@ -1,0 +1,61 @@
+"""Routed experts of one rank with activations quantized once per token, gathered in FP8.
+
+``MoEBlock`` (the reference) gathers bf16 token rows by expert and quantizes them inside each
+grouped GEMM call with several small ops. Here the layer input is quantized once (one fused
+kernel over T rows, not T·k), FP8 rows and scales are gathered, and SwiGLU is fused into the
+quantization that feeds the down projection — the data flow of DeepGEMM's grouped FP8 MoE, on
+``torch._scaled_grouped_mm``. Where that has no kernel (the CPU) the same quantized numbers go
+through the reference's grouped bf16/float32 path ("emulated").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..moe import MoEBlock
+from .fp8 import quantize_rows
+
+
+class DSMoEBlock(MoEBlock):
+    def _grouped(
+        self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor
+    ) -> torch.Tensor:
+        wq = self.w13_q if which == 13 else self.w2_q
+        ws = self.w13_s if which == 13 else self.w2_s
+        if self.path == "scaled_grouped_mm":
+            return torch._scaled_grouped_mm(
+                aq,
+                wq.transpose(-2, -1),
+                scale_a=a_s,
+                scale_b=ws,
+                offs=offs,
+                out_dtype=torch.bfloat16,
+            )
+        a = (aq.float() * a_s.unsqueeze(-1)).to(self.dtype)
+        return self._gmm(a, which, offs, "grouped_mm" if self.path == "grouped_mm" else "loop")
+
+    def forward_routed(
+        self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        if self.dtype_mode != "fp8":
+            return super().forward_routed(x, topk_ids, topk_weights)
+        t, d = x.shape
+        if t == 0:
+            return x.new_zeros((0, d))
+        e = self.shape.local_experts
+        k = topk_ids.shape[1]
+        flat = topk_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tok = torch.div(order, k, rounding_mode="floor")
+        counts = torch.zeros(e, dtype=torch.int64, device=x.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        xq, xs, _ = quantize_rows(x)
+        h = self._grouped(xq[0].index_select(0, tok), xs[0].index_select(0, tok), 13, offs)
+        r = h.shape[0]
+        gq, gs, _ = quantize_rows(h, silu=True)
+        y = self._grouped(gq[0, :r], gs[0, :r], 2, offs)
+        wsort = topk_weights.reshape(-1).index_select(0, order).float()
+        out = torch.zeros((t, d), dtype=torch.float32, device=x.device)
+        out.index_add_(0, tok, y.float() * wsort.unsqueeze(1))
+        return out.to(self.dtype)

@@ -1,0 +1,359 @@
+"""Checks of the ``deepseek`` kernel backend on a GPU (and its plumbing on the CPU).
+
+    python -m deepinfer_sim.kernels.deepseek_check --out DIR          # CUDA, full widths
+    python -m deepinfer_sim.kernels.deepseek_check --out DIR --toy --device cpu
+
+Each check is isolated (``gpu_check.Checker``): a failure is recorded and the rest still runs.
+Tolerances (relative L2 error, ``_util.rel_err``), stated once here:
+
+* FlashMLA kernel vs its torch emulation on the same FP8 / bf16 inputs: ``KERNEL_TOL`` (bf16
+  arithmetic, split-KV combine order);
+* fused Triton quantization vs the torch path (identical FP8 codes but for rounding ties):
+  ``QUANT_TOL`` on the dequantized rows;
+* a whole block on the kernels vs the same block emulated (same weights, same FP8 caches):
+  ``KERNEL_TOL``; vs the reference backend (bf16 caches, other activation rounding): ``FP8_TOL``
+  on the block's contribution ``y − x`` — FP8 caches and activations alone differ by this much;
+* a decode step replayed from a CUDA graph vs the same step run eagerly: ``GRAPH_TOL``.
+
+Writes ``deepseek_check.json`` (versions, which paths ran, every result) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..models.registry import load_model
+from . import _util
+from ._util import as_device, rel_err, synchronize
+from .backend import get_backend
+from .deepseek import flashmla, fp8, versions
+from .deepseek.layout import Model1Cache, Model1Layout
+from .gpu_check import Checker
+from .shapes import LayerShape
+
+KERNEL_TOL = 2e-2
+QUANT_TOL = 2e-2
+FP8_TOL = 0.12
+GRAPH_TOL = 1e-3
+
+
+def _v4_shape(toy: bool, experts: int = 16) -> LayerShape:
+    if toy:
+        return LayerShape.toy()
+    return LayerShape.from_model(load_model("deepseek-v4.1-flash"), local_experts=experts)
+
+
+def _mla_shape(toy: bool) -> LayerShape:
+    if toy:
+        return LayerShape.toy(heads=4, head_dim=40, kv_lora=32, rope_dim=8, qk_nope=16, v_head=16)
+    return LayerShape.from_model(load_model("deepseek-v3"), local_experts=8)
+
+
+def check_quantize(c: Checker) -> dict[str, Any]:
+    """Triton fused quantization against the torch path (the same math)."""
+    dev = c.device
+    out: dict[str, Any] = {}
+    w = torch.rand(5120, device=dev) + 0.5
+    cases = {
+        "plain": (torch.randn(37, 5120, device=dev, dtype=torch.bfloat16), {}),
+        "rmsnorm": (torch.randn(64, 5120, device=dev, dtype=torch.bfloat16), {"norm_weight": w}),
+        "swiglu": (torch.randn(50, 2 * 2304, device=dev, dtype=torch.bfloat16), {"silu": True}),
+        "groups": (torch.randn(20, 8 * 4096, device=dev, dtype=torch.bfloat16), {"groups": 8}),
+    }
+    worst = 0.0
+    for name, (x, kw) in cases.items():
+        q1, s1, _ = fp8.quantize_rows(x, **kw)
+        saved = fp8._TRITON
+        fp8._TRITON = False
+        try:
+            q2, s2, _ = fp8.quantize_rows(x, **kw)
+        finally:
+            fp8._TRITON = saved
+        m = x.shape[0]
+        a = q1[:, :m].float() * s1[:, :m, None]
+        b = q2[:, :m].float() * s2[:, :m, None]
+        err = rel_err(a, b)
+        out[name] = err
+        worst = max(worst, err)
+    out["paths"] = sorted(fp8.used)
+    out["ok"] = worst <= QUANT_TOL
+    return out
+
+
+def check_flashmla(c: Checker) -> dict[str, Any]:
+    """Each FlashMLA entry point against its emulation on the same inputs."""
+    dev = c.device
+    if not flashmla.kernels_available(dev):
+        return {"ok": c.toy, "skipped": f"no FlashMLA kernels here ({flashmla.import_error()})"}
+    g = torch.Generator(device=dev).manual_seed(0)
+    lay = Model1Layout.flashmla()
+    res: dict[str, Any] = {}
+
+    def both(fn: Any) -> float:
+        flashmla.MODE = "kernel"
+        try:
+            a = fn()
+            flashmla.MODE = "emulate"
+            b = fn()
+        finally:
+            flashmla.MODE = "auto"
+        return rel_err(a, b)
+
+    # sparse decode, MODEL1: a 256-token window page per sequence + 64-entry compressed pages
+    B, sq, H = 16, 2, 64
+    win = Model1Cache(lay, B, 256, dev)
+    win.fill_random(g)
+    comp = Model1Cache(lay, B * 8, 64, dev)
+    comp.fill_random(g)
+    q = torch.randn((B, sq, H, 512), generator=g, device=dev).to(torch.bfloat16) / 4
+    idx = torch.randint(0, B * 256, (B, sq, 128), generator=g, device=dev)
+    idx[:, :, :5] = -1
+    eidx = torch.randint(0, B * 512, (B, sq, 512), generator=g, device=dev)
+    elen = torch.randint(1, 513, (B,), generator=g, device=dev).to(torch.int32)
+    res["sparse_decode"] = both(
+        lambda: flashmla.sparse_decode(q, win, idx.int(), 512**-0.5, comp, eidx.int(), elen)
+    )
+    # sparse prefill: 512 queries over 4096 bf16 rows, 640 indices each, lengths per query
+    kv = torch.randn((4096, 512), generator=g, device=dev).to(torch.bfloat16) / 4
+    qp = torch.randn((512, H, 512), generator=g, device=dev).to(torch.bfloat16) / 4
+    pidx = torch.randint(0, 4096, (512, 640), generator=g, device=dev)
+    pidx[:, -7:] = -1
+    plen = torch.randint(128, 641, (512,), generator=g, device=dev).to(torch.int32)
+    res["sparse_prefill"] = both(
+        lambda: flashmla.sparse_prefill(qp, kv, pidx.int(), 512**-0.5, plen)
+    )
+    # dense decode (V3): bf16 pages of 64, d 576, 128 heads, causal over 2 new tokens
+    Bd, pages = 8, 40
+    cache = torch.randn((Bd * pages, 64, 1, 576), generator=g, device=dev).to(torch.bfloat16) / 4
+    qd = torch.randn((Bd, 2, 128, 576), generator=g, device=dev).to(torch.bfloat16) / 4
+    table = torch.arange(Bd * pages, device=dev).view(Bd, pages).int()
+    lens = torch.randint(2, pages * 64, (Bd,), generator=g, device=dev).int()
+    res["dense_decode"] = both(
+        lambda: flashmla.dense_decode(qd, cache, table, lens, 576**-0.5, causal=True)
+    )
+    res["ok"] = all(v <= KERNEL_TOL for k, v in res.items() if isinstance(v, float))
+    return res
+
+
+def _run_block(blk: Any, pool: Any, xs: list[torch.Tensor], decode_v: tuple[int, ...]) -> Any:
+    """Prefill chunks of sequence 0 and 1, then decode steps of both; all outputs in order."""
+    outs = []
+    for seq, x in xs:
+        outs.append(blk.prefill(x, pool, seq))
+    for i, v in enumerate(decode_v):
+        g = torch.Generator(device=blk.device).manual_seed(100 + i)
+        x = torch.randn((2, v, blk.shape.hidden), generator=g, device=blk.device).to(blk.dtype)
+        outs.append((x, blk.decode(x, pool, [0, 1])))
+    return outs
+
+
+def _deltas(inputs: list[Any], outs: list[Any]) -> torch.Tensor:
+    parts = []
+    for inp, out in zip(inputs, outs, strict=True):
+        x = inp[1] if isinstance(inp, tuple) else inp
+        y = out[1] if isinstance(out, tuple) else out
+        parts.append((y.float() - x.float()).reshape(-1))
+    return torch.cat(parts)
+
+
+def check_block(c: Checker, kind: str) -> dict[str, Any]:
+    """A whole block (attention + shared expert) on the kernels, against the same block
+    emulated and against the reference backend."""
+    dev = c.device
+    shape = _mla_shape(c.toy) if kind == "mla" else _v4_shape(c.toy)
+    ds = get_backend("deepseek")
+    n1, n2 = (40, 13) if c.toy else (700, 300)
+    max_tokens = 4096
+    g = torch.Generator(device=dev).manual_seed(1)
+    dt = _util.default_dtype(dev)
+    chunks = [
+        (0, torch.randn((n1, shape.hidden), generator=g, device=dev).to(dt)),
+        (0, torch.randn((n2, shape.hidden), generator=g, device=dev).to(dt)),
+        (1, torch.randn((n2, shape.hidden), generator=g, device=dev).to(dt)),
+    ]
+    runs: dict[str, list[Any]] = {}
+    for mode in ("auto", "emulate"):
+        flashmla.MODE = mode
+        try:
+            blk = ds.attention_block(shape, kind, dev, True, seed=3)
+            pool = blk.new_pool(4, max_tokens)
+            pool.alloc(0)
+            pool.alloc(1)
+            runs[mode] = _run_block(blk, pool, chunks, (1, 3))
+        finally:
+            flashmla.MODE = "auto"
+    inputs = [x for _, x in chunks] + [o for o in runs["auto"][len(chunks) :]]
+    out_k = [o for o in runs["auto"][: len(chunks)]] + [o[1] for o in runs["auto"][len(chunks) :]]
+    out_e = [o for o in runs["emulate"][: len(chunks)]] + [
+        o[1] for o in runs["emulate"][len(chunks) :]
+    ]
+    res: dict[str, Any] = {
+        "kernel_vs_emulated": rel_err(_deltas(inputs, out_k), _deltas(inputs, out_e))
+    }
+    if kind != "mla":
+        ref = get_backend("reference").attention_block(shape, kind, dev, True, seed=3)
+        rpool = ref.new_pool(4, max_tokens)
+        rpool.alloc(0)
+        rpool.alloc(1)
+        out_r = [ref.prefill(x, rpool, seq) for seq, x in chunks]
+        out_r += [ref.decode(x, rpool, [0, 1]) for x, _ in runs["auto"][len(chunks) :]]
+        res["vs_reference"] = rel_err(_deltas(inputs, out_k), _deltas(inputs, out_r))
+    res["attention_paths"] = sorted(flashmla.used)
+    res["ok"] = res["kernel_vs_emulated"] <= KERNEL_TOL and res.get("vs_reference", 0) <= FP8_TOL
+    return res
+
+
+def check_graph_decode(c: Checker, kind: str) -> dict[str, Any]:
+    """A decode step captured in a CUDA graph and replayed equals the eager step."""
+    if c.device.type != "cuda":
+        return {"ok": True, "skipped": "CUDA graphs need a GPU"}
+    dev = c.device
+    shape = _mla_shape(c.toy) if kind == "mla" else _v4_shape(c.toy)
+    blk = get_backend("deepseek").attention_block(shape, kind, dev, True, seed=4)
+    pool = blk.new_pool(9, 8192 + 16)
+    for s in range(8):
+        pool.alloc(s)
+        pool.fill_random(s, 3000 + 500 * s)
+    seqs = np.arange(8)
+    v = 3
+    x = torch.randn((8, v, shape.hidden), device=dev).to(torch.bfloat16)
+    lengths = pool.lengths.copy()
+    plan = blk.plan_decode(pool, seqs, v)
+    eager = blk.decode(x, pool, plan).clone()
+    pool.lengths[:] = lengths
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        blk.decode(x, pool, plan)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    pool.lengths[:] = lengths
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = blk.decode(x, pool, plan)
+    pool.lengths[:] = lengths
+    graph.replay()
+    synchronize(dev)
+    err = rel_err(out, eager)
+    t_graph = c.timer(graph.replay, warmup=3, repeat=20)
+    return {"ok": err <= GRAPH_TOL, "graph_vs_eager": err, "graph_replay_us": t_graph * 1e6}
+
+
+def check_moe(c: Checker) -> dict[str, Any]:
+    dev = c.device
+    shape = _v4_shape(c.toy, experts=8 if c.toy else 48)
+    ds = get_backend("deepseek").moe_block(shape, dev, True, seed=5)
+    ref = get_backend("reference").moe_block(shape, dev, True, seed=5)
+    t = 64 if c.toy else 512
+    x = torch.randn((t, shape.hidden), device=dev).to(ds.dtype)
+    ids, w = ref.uniform_routing(t, seed=1)
+    err = rel_err(ds.forward_routed(x, ids, w), ref.forward_routed(x, ids, w))
+    return {"ok": err <= FP8_TOL / 2, "vs_reference": err, "path": ds.path}
+
+
+def check_engine(c: Checker) -> dict[str, Any]:
+    """The engine core on the deepseek backend (CUDA-graph decode on a GPU): a short replay."""
+    from .engine import EngineCore
+
+    spec: Any = LayerShape.toy() if c.toy else load_model("deepseek-v4.1-flash-mini")
+    eng = EngineCore(
+        spec,
+        [("csa", True), ("hca", True), ("csa", False)],
+        local_experts=8 if c.toy else 48,
+        device=c.device,
+        fp8=True,
+        max_seqs=12,
+        max_tokens=4096,
+        prefill_token_budget=2048,
+        max_decode_batch=8,
+        mode="decode_only",
+        backend="deepseek",
+        graphs=c.device.type == "cuda",
+        seed=1,
+    )
+    reqs = [(0.0, 300 + 97 * i, 20 + i) for i in range(10)]
+    res = eng.run(reqs)
+    s = res.summary()
+    return {"ok": s["requests"] == 10, "graphs": len(eng._graphs), **s}
+
+
+def probe_deepgemm(timeout_s: float = 240.0) -> dict[str, Any]:
+    """Does DeepGEMM's first FP8 GEMM run here? In a child process (it has crashed with a
+    segmentation fault at its JIT start-up on this image), with HOME and CUDA_HOME set."""
+    code = (
+        "import torch, deep_gemm, time\n"
+        "m, n, k = 128, 4096, 7168\n"
+        "a = torch.randn(m, k, device='cuda').to(torch.float8_e4m3fn)\n"
+        "b = torch.randn(n, k, device='cuda').to(torch.float8_e4m3fn)\n"
+        "sa = torch.ones(m, k // 128, device='cuda')\n"
+        "sb = torch.ones((n + 127) // 128, k // 128, device='cuda')\n"
+        "d = torch.empty(m, n, device='cuda', dtype=torch.bfloat16)\n"
+        "t0 = time.time(); deep_gemm.fp8_gemm_nt((a, sa), (b, sb), d); torch.cuda.synchronize()\n"
+        "print('DEEPGEMM_OK first call', round(time.time() - t0, 2), 's')\n"
+    )
+    env = dict(os.environ)
+    env.setdefault("HOME", "/root")
+    env.setdefault("CUDA_HOME", "/usr/local/cuda")
+    env.setdefault("DG_JIT_CACHE_DIR", "/tmp/deep_gemm_cache")
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "returncode": None, "tail": f"timed out after {timeout_s} s"}
+    tail = (p.stdout + p.stderr)[-1500:]
+    return {
+        "ok": p.returncode == 0 and "DEEPGEMM_OK" in p.stdout,
+        "returncode": p.returncode,
+        "tail": tail,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--toy", action="store_true", help="toy widths (CPU smoke run)")
+    ap.add_argument("--deepgemm", action="store_true", help="also probe DeepGEMM in a child")
+    a = ap.parse_args(argv)
+    dev = as_device(a.device)
+    c = Checker(dev, a.toy)
+    t0 = time.perf_counter()
+    c.run("quantize_rows (Triton vs torch)", lambda: check_quantize(c))
+    c.run("flashmla (kernel vs emulation)", lambda: check_flashmla(c))
+    for kind in ("swa", "csa", "hca", "mla"):
+        c.run(f"block {kind}", lambda k=kind: check_block(c, k))
+    for kind in ("csa", "hca", "mla"):
+        c.run(f"graph decode {kind}", lambda k=kind: check_graph_decode(c, k))
+    c.run("moe", lambda: check_moe(c))
+    c.run("engine core (deepseek)", lambda: check_engine(c))
+    if a.deepgemm:
+        c.run("deepgemm probe", probe_deepgemm)
+    info = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "versions": versions(),
+        "seconds": time.perf_counter() - t0,
+    }
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "deepseek_check.json").write_text(
+        json.dumps({"info": info, "results": c.results}, indent=2, default=str) + "\n"
+    )
+    failed = [r["name"] for r in c.results if not r["ok"]]
+    print(f"{len(c.results) - len(failed)}/{len(c.results)} checks passed", flush=True)
+    for r in failed:
+        print("FAILED:", r)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""``deepinfer-sim calibrate`` end to end on the CPU: the real sweep with the reference kernels on
+a toy model (``tests/data/toy-model.yaml``), then fit, write, load, check and use the profile.
+
+This is what keeps calibrate working between GPU runs (a NameError once made every shape
+"skipped" and nobody saw it): the tiny grid times every kind of the toy model, the routed
+experts, the off-grid shapes and engine-core steps of the toy stack in a few seconds. The vision
+encoder is skipped (the tiny grid has ``vision=False``): at its real size it is far too slow for
+a CPU test. Timings on a CPU are noisy, so fit quality is not asserted here — only that every
+piece is measured, fitted and usable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+
+from deepinfer_sim.calibration.profile import Profile, load_profile, write_profile  # noqa: E402
+from deepinfer_sim.cli import main  # noqa: E402
+from deepinfer_sim.errors import ConfigError, UserError  # noqa: E402
+from deepinfer_sim.models.cost import PoolShape  # noqa: E402
+from deepinfer_sim.models.profile_cost import ProfileStepCost  # noqa: E402
+from deepinfer_sim.models.registry import load_hardware, load_model  # noqa: E402
+from deepinfer_sim.scenario import check_profile  # noqa: E402
+
+TOY = str(Path(__file__).parent.parent / "data" / "toy-model.yaml")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: on a busy 2-core CI machine two threads wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory, one_thread) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("cal") / "toy-cpu.yaml"
+    args = ["calibrate", "--device", "cpu", "--model", TOY, "--kernels", "reference"]
+    args += ["--grid", "tiny", "--hardware", "h200", "--name", "toy-cpu", "--out", str(out)]
+    res = CliRunner().invoke(main, args)
+    return {"result": res, "path": out}
+
+
+def test_calibrate_cli_runs_the_whole_sweep_on_the_cpu(calibrated):
+    res = calibrated["result"]
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    assert "skipped" not in res.output  # every shape was timed
+    assert "off-grid MAPE" in res.output and "prefill.csa" in res.output
+    assert calibrated["path"].is_file()
+
+
+def test_the_profile_holds_fits_for_the_toy_model(calibrated):
+    prof = load_profile(str(calibrated["path"]))
+    assert prof.name == "toy-cpu" and list(prof.models) == ["toy-v4"]
+    assert prof.provenance.kind == "measured" and prof.provenance.device == "cpu"
+    assert prof.provenance.kernels == "reference" and prof.provenance.kernel_versions
+    fits = prof.models["toy-v4"]
+    assert set(fits.fit) == {"prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe"}
+    assert all(f.n_offgrid > 0 and f.offgrid_mape is not None for f in fits.fit.values())
+    assert fits.dtypes.kv_cache == "fp32" and fits.dtypes.attention == "fp32"  # CPU compute
+    assert fits.widths is not None and fits.widths.hidden == 64
+    for key in ("prefill", "decode", "moe", "prefill_offgrid", "decode_offgrid", "moe_offgrid"):
+        assert fits.raw[key], key
+    assert all(float(r[-1]) > 0 for r in fits.raw["decode"])
+    coefs = fits.hardware["h200"]
+    assert coefs.vision_seconds_per_image is None  # skipped by the tiny grid
+    assert fits.raw["engine"]  # engine-core steps of the toy stack, reference backend
+
+
+def test_check_profile_accepts_the_toy_and_refuses_another_model(calibrated):
+    ref = str(calibrated["path"])
+    toy = load_model(TOY)
+    check_profile(ref, toy, "h200", None)
+    with pytest.raises(ConfigError) as exc:
+        check_profile(ref, load_model("deepseek-v4.1-flash"), "h200", None)
+    msg = str(exc.value)
+    assert "no fits for model 'deepseek-v4.1-flash'" in msg and "toy-v4" in msg
+    assert "calibrate" in msg and "roofline" in msg
+    with pytest.raises(ConfigError, match="no coefficients for hardware 'gb200'"):
+        check_profile(ref, toy, "gb200", None)
+
+
+def test_the_profile_prices_prefill_and_decode_steps(calibrated):
+    toy = load_model(TOY)
+    prof = load_profile(str(calibrated["path"]))
+    cost = ProfileStepCost(toy, load_hardware("h200"), PoolShape(1, 0), prof.coefs(toy, "h200"))
+    prefill = cost.prefill_step([[(128, 512)]])
+    decode = cost.decode_step(np.array([4.0]), np.array([4 * 300.0]), 2.0)
+    assert 0 < prefill < 10 and np.isfinite(prefill)
+    assert 0 < decode < 10 and np.isfinite(decode)
+    eager = ProfileStepCost(
+        toy, load_hardware("h200"), PoolShape(1, 0), prof.coefs(toy, "h200"), eager=True
+    )
+    assert eager.decode_step(np.array([4.0]), np.array([1200.0]), 1.0) >= cost.decode_step(
+        np.array([4.0]), np.array([1200.0]), 1.0
+    )
+
+
+def test_merge_profiles_cli(calibrated, tmp_path):
+    """Profiles of different models from the same device and kernels merge; the same model twice
+    is one clean error line."""
+    prof = load_profile(str(calibrated["path"]))
+    (fits,) = prof.models.values()
+    other = tmp_path / "other.yaml"
+    write_profile(Profile(name="other", provenance=prof.provenance, models={"toy-b": fits}), other)
+    out = tmp_path / "merged.yaml"
+    res = CliRunner().invoke(
+        main, ["merge-profiles", str(out), str(calibrated["path"]), str(other)]
+    )
+    assert res.exit_code == 0, res.output
+    assert set(load_profile(str(out)).models) == {"toy-v4", "toy-b"}
+    res = CliRunner().invoke(
+        main, ["merge-profiles", str(out), str(calibrated["path"]), str(calibrated["path"])]
+    )
+    assert res.exit_code == 2
+    assert res.output.startswith("error:") and "toy-v4" in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "deepseek-v3", "--hardware", "h200"], "no mla attention kernels"),
+        (["--model", TOY], "cannot tell the hardware of 'cpu'; pass --hardware"),
+        (["--model", TOY, "--hardware", "nope"], "unknown hardware 'nope'"),
+        (["--model", TOY, "--hardware", "h200", "--quick", "--grid", "tiny"], "disagree"),
+    ],
+)
+def test_calibrate_refuses_bad_input_before_timing(tmp_path, args, message):
+    """A model whose kinds the backend lacks (V3's MLA on the reference kernels), a device whose
+    hardware cannot be told, an unknown hardware: one ``error:`` line, exit status 2."""
+    out = tmp_path / "p.yaml"
+    res = CliRunner().invoke(
+        main, ["calibrate", "--device", "cpu", "--kernels", "reference", "--out", str(out), *args]
+    )
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error:") and message in res.output
+    assert res.output.count("\n") == 1 and not out.exists()
+
+
+def test_derive_from_a_derived_profile_is_a_clean_error(tmp_path):
+    res = CliRunner().invoke(
+        main,
+        [
+            "derive-profile",
+            "sm100-derived",
+            "--targets",
+            "b200",
+            "--name",
+            "x",
+            "--out",
+            str(tmp_path / "x.yaml"),
+        ],
+    )
+    assert res.exit_code == 2
+    assert res.output.startswith("error:") and "derived" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_bench_refuses_a_backend_that_cannot_run_there(monkeypatch):
+    """``backend.unavailable(device)`` gives a reason: a UserError before any block is built."""
+    from deepinfer_sim.calibration import torch_bench
+    from deepinfer_sim.kernels.backend import get_backend
+
+    real = get_backend("reference")
+    blocked = type(real)(
+        "reference", real.kinds, real.make_attention, real.make_moe, probe=lambda d: "no GPU"
+    )
+    monkeypatch.setattr(torch_bench, "load_backend", lambda name: blocked)
+    with pytest.raises(UserError, match="cannot run on cpu: no GPU"):
+        torch_bench.TorchBench("cpu", TOY, "h200")
+
+
+def test_replay_writes_what_the_cpu_recheck_reads(calibrated, tmp_path):
+    """The engine-core replay on the CPU at toy widths: every repeat's per-request seconds, the
+    steps of the first, and a report whose numbers the simulator reproduces from the CSV."""
+    import pandas as pd
+
+    from deepinfer_sim.calibration.replay import replay
+    from deepinfer_sim.calibration.validate import (
+        ReplayShape,
+        errors,
+        simulate_decode,
+        simulate_prefill,
+    )
+
+    profile = load_profile(str(calibrated["path"]))
+    shape = ReplayShape(model=TOY, prefill_token_budget=256, max_decode_batch=4)
+    report = replay(
+        profile,
+        tmp_path,
+        "cpu",
+        5,
+        0.5,
+        ("mooncake_conversation",),
+        2,
+        "reference",
+        shape,
+        max_prompt=48,
+        max_output=5,
+    )
+    for phase, sim in (("prefill", simulate_prefill), ("decode", simulate_decode)):
+        frame = pd.read_csv(tmp_path / f"replay_mooncake_conversation_{phase}.csv")
+        assert {"measured_s_0", "measured_s_1"} <= set(frame.columns) and len(frame) == 5
+        assert (tmp_path / f"replay_mooncake_conversation_{phase}_steps.csv").is_file()
+        got = errors(frame["measured_s_1"].to_numpy(), sim(frame, profile, shape))
+        run = report["traces"]["mooncake_conversation"][phase]["runs"][1]
+        assert got["simulated_p50_s"] == pytest.approx(run["simulated_p50_s"])
+        assert got["abs_rel_err_p90"] == pytest.approx(run["abs_rel_err_p90"])
+    assert (tmp_path / "replay_report.json").is_file()

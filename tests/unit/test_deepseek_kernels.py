@@ -1,0 +1,211 @@
+"""The ``deepseek`` kernel backend on the CPU: FlashMLA's layouts and index conventions, checked
+through its torch emulation, and every block against an independent computation.
+
+With ``fp8=False`` a deepseek block keeps its activations and caches unrounded (the caches keep
+exact values beside their FP8 bytes), so it must compute the reference backend's function to
+float precision: that checks every index the blocks build for FlashMLA — window positions in the
+ring pages, compressed-entry pages, the indexer's selection, causal verify tokens, prefix
+chunks. With ``fp8=True`` the same blocks run on FP8 caches and activations and stay within the
+FP8 noise of the reference. On the GPU ``kernels/deepseek_check.py`` compares the emulation with
+the real kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from deepinfer_sim.kernels._util import rel_err  # noqa: E402
+from deepinfer_sim.kernels.backend import get_backend  # noqa: E402
+from deepinfer_sim.kernels.deepseek import fp8, layout  # noqa: E402
+from deepinfer_sim.kernels.deepseek.v4 import DSDecodePlan  # noqa: E402
+from deepinfer_sim.kernels.engine import EngineCore  # noqa: E402
+from deepinfer_sim.kernels.shapes import LayerShape  # noqa: E402
+
+SHAPE = LayerShape.toy()
+MLA = LayerShape.toy(heads=4, head_dim=40, kv_lora=32, rope_dim=8, qk_nope=16, v_head=16)
+F64 = torch.float64
+
+
+def test_model1_layout_matches_flashmla_bytes():
+    """FlashMLA's MODEL1 numbers: 448 FP8 + 64 bf16 values, 7 scale bytes + 1 pad = 584 bytes a
+    token; a page's token data first, then its scales; pages padded to 576 bytes."""
+    lay = layout.Model1Layout.flashmla()
+    assert (lay.d_nope, lay.tiles, lay.bytes_per_token) == (448, 7, 584)
+    cache = layout.Model1Cache(lay, 3, 64, torch.device("cpu"))
+    assert cache.stride % 576 == 0 and cache.stride >= 64 * 584
+    view = cache.kernel_view()
+    assert view.shape == (3, 64, 1, 584) and view.stride()[:2] == (cache.stride, 584)
+    x = torch.randn(1, 512)
+    cache.write(torch.tensor([64 + 5]), x)  # page 1, token 5
+    raw = cache.buf[1]
+    data, scales = layout.quantize(x, lay)
+    assert torch.equal(raw[5 * 576 : 6 * 576], data[0])
+    assert torch.equal(raw[64 * 576 + 5 * 8 : 64 * 576 + 6 * 8], scales[0])
+    back = cache.read(torch.tensor([69]), torch.float32)
+    assert rel_err(back, x) < 0.04  # e4m3 with power-of-two tile scales
+    assert torch.equal(back[0, 448:], x[0, 448:].to(torch.bfloat16).float())  # rope kept in bf16
+
+
+def test_quantize_rows_fuses_norm_swiglu_groups_and_pads():
+    x = torch.randn(5, 24)
+    w = torch.rand(12) + 0.5
+    q, s, out = fp8.quantize_rows(x[:, :12], norm_weight=w, want_bf16=True)
+    assert q.shape == (1, 16, 12) and s.shape == (1, 16)
+    ref = x[:, :12] * torch.rsqrt(x[:, :12].pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert rel_err(q[0, :5].float() * s[0, :5, None], ref) < 0.05
+    assert out is not None and rel_err(out[0, :5].float(), ref) < 1e-2
+    assert torch.all(q[0, 5:].float() == 0) and torch.all(s[0, 5:] == 1)
+    q, s, _ = fp8.quantize_rows(x, silu=True)
+    swi = torch.nn.functional.silu(x[:, :12]) * x[:, 12:]
+    assert rel_err(q[0, :5].float() * s[0, :5, None], swi) < 0.05
+    q, s, _ = fp8.quantize_rows(x, groups=3)
+    assert q.shape == (3, 16, 8)
+    for g in range(3):
+        assert rel_err(q[g, :5].float() * s[g, :5, None], x[:, 8 * g : 8 * g + 8]) < 0.05
+
+
+def _pools(blocks, n_seqs=2, max_tokens=256):
+    pools = [b.new_pool(4, max_tokens) for b in blocks]
+    for p in pools:
+        for s in range(n_seqs):
+            p.alloc(s)
+    return pools
+
+
+STEPS = [
+    ("prefill", 0, 37),
+    ("prefill", 0, 21),
+    ("prefill", 1, 50),
+    ("prefill", 1, 3),
+    ("decode", 1),
+    ("decode", 3),
+    ("decode", 2),
+]
+
+
+def _replay(block, pool, gen):
+    """Prefill chunks (new and continued, crossing window and compression boundaries), then
+    decode steps with 1–3 verify tokens; returns every output's contribution y − x."""
+    outs = []
+    for step in STEPS:
+        if step[0] == "prefill":
+            x = torch.randn((step[2], SHAPE.hidden), generator=gen)
+            outs.append(block.prefill(x, pool, step[1]) - x)
+        else:
+            x = torch.randn((2, step[1], SHAPE.hidden), generator=gen)
+            outs.append(block.decode(x, pool, [0, 1]) - x)
+    return outs
+
+
+@pytest.mark.parametrize("kind", ["swa", "csa", "hca"])
+def test_v4_block_unrounded_equals_the_reference(kind):
+    ds = get_backend("deepseek").attention_block(SHAPE, kind, "cpu", False, seed=1)
+    ref = get_backend("reference").attention_block(SHAPE, kind, "cpu", False, seed=1)
+    pd, pr = _pools([ds, ref])
+    a = _replay(ds, pd, torch.Generator().manual_seed(0))
+    b = _replay(ref, pr, torch.Generator().manual_seed(0))
+    for x, y in zip(a, b, strict=True):
+        assert rel_err(x, y) < 1e-5
+    assert np.array_equal(pd.lengths, pr.lengths)
+
+
+@pytest.mark.parametrize("kind", ["swa", "csa", "hca"])
+def test_v4_block_fp8_stays_within_fp8_noise(kind):
+    ds = get_backend("deepseek").attention_block(SHAPE, kind, "cpu", True, seed=1)
+    ref = get_backend("reference").attention_block(SHAPE, kind, "cpu", True, seed=1)
+    pd, pr = _pools([ds, ref])
+    a = _replay(ds, pd, torch.Generator().manual_seed(0))
+    b = _replay(ref, pr, torch.Generator().manual_seed(0))
+    err = rel_err(torch.cat([x.reshape(-1) for x in a]), torch.cat([y.reshape(-1) for y in b]))
+    assert 1e-3 < err < 0.12  # FP8 caches and activations: rounded, but the same function
+
+
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.to(F64)
+
+
+def ref_mla(b, x):
+    """MLA in its MHA form, float64, causal over the whole sequence, + the shared expert."""
+    s = b.shape
+    H, nope, rope, vh, lat = s.heads, s.qk_nope, s.rope_dim, s.v_head, s.kv_lora
+    x = x.to(F64)
+    n = x.shape[0]
+    h = _rms(x, b.attn_norm)
+    q = (_rms(h @ b.wq_a.to(F64).T, b.q_norm) @ b.wq_b.to(F64).T).view(n, H, nope + rope)
+    kv = h @ b.wkv_a.to(F64).T
+    kvb = (_rms(kv[:, :lat], b.kv_norm) @ b.wkv_b.to(F64).T).view(n, H, nope + vh)
+    k = torch.cat([kvb[..., :nope], kv[:, lat:].view(n, 1, rope).expand(n, H, rope)], -1)
+    sc = torch.einsum("thd,shd->hts", q, k) * b.scale
+    sc = sc.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    o = torch.einsum("hts,shd->thd", sc.softmax(-1), kvb[..., nope:]).reshape(n, -1)
+    y = x + o @ b.wo.to(F64).T
+    gu = _rms(y, b.ffn_norm) @ b.w_gate_up.to(F64).T
+    f = s.shared_width
+    return y + (torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]) @ b.w_dn.to(F64).T
+
+
+@pytest.mark.parametrize(("fp8_mode", "tol"), [(False, 1e-5), (True, 0.12)])
+def test_mla_block_absorbed_decode_and_mha_prefill_equal_mla(fp8_mode, tol):
+    """Prefill chunks (MHA form, end-aligned causal) then decode steps (absorbed form over the
+    paged latent cache, causal over the verify tokens) give the MLA of the whole sequence."""
+    b = get_backend("deepseek").attention_block(MLA, "mla", "cpu", fp8_mode, seed=2)
+    pool = b.new_pool(3, 200)
+    pool.alloc(0)
+    g = torch.Generator().manual_seed(1)
+    xs, outs = [], []
+    for n in (37, 21):
+        x = torch.randn((n, MLA.hidden), generator=g)
+        xs.append(x)
+        outs.append(b.prefill(x, pool, 0))
+    for v in (1, 3, 2):
+        x = torch.randn((1, v, MLA.hidden), generator=g)
+        xs.append(x[0])
+        outs.append(b.decode(x, pool, [0])[0])
+    X, Y = torch.cat(xs), torch.cat(outs)
+    assert rel_err(Y - X, ref_mla(b, X) - X.to(F64)) < tol
+    assert pool.lengths[0] == 64
+
+
+def test_decode_plans_of_one_step_share_their_device_tensors():
+    blocks = [
+        get_backend("deepseek").attention_block(SHAPE, k, "cpu", True, seed=i)
+        for i, k in enumerate(("csa", "hca"))
+    ]
+    pools = _pools(blocks)
+    for p in pools:
+        p.fill_random(0, 100)
+        p.fill_random(1, 30)
+    first = blocks[0].plan_decode(pools[0], [0, 1], 2)
+    second = blocks[1].plan_decode(pools[1], [0, 1], 2, share=first)
+    assert second.slots_t is first.slots_t and second.lengths_t is first.lengths_t
+    assert first.entry_cap == {SHAPE.csa_compression: 64}
+    assert second.graph_key == (SHAPE.hca_compression, 64)
+    pools[0].fill_random(1, 77)
+    first.update(pools[0], np.array([1, 0]))
+    assert first.lengths_t.tolist() == [77, 100] and second.lengths_t.tolist() == [77, 100]
+    with pytest.raises(ValueError):
+        first.update(pools[0], np.array([0]))
+    assert isinstance(first, DSDecodePlan)
+
+
+def test_engine_core_runs_on_the_deepseek_backend():
+    eng = EngineCore(
+        SHAPE,
+        [("csa", True), ("hca", True), ("csa", False)],
+        device="cpu",
+        fp8=True,
+        max_seqs=4,
+        max_tokens=128,
+        prefill_token_budget=32,
+        max_decode_batch=3,
+        backend="deepseek",
+        seed=3,
+    )
+    res = eng.run([(0.0, 30, 5), (0.0, 7, 2), (0.0, 50, 4), (0.0, 12, 3)])
+    assert res.requests["done_s"].notna().all()
+    assert int(res.requests["generated"].sum()) == 5 + 2 + 4 + 3
+    with pytest.raises(ValueError, match="CUDA-graph"):
+        EngineCore(SHAPE, device="cpu", backend="deepseek", graphs=True)
