@@ -87,8 +87,9 @@ def decode_work(s: LayerShape, kind: str, batch: int, context: int, verify: int)
     params = layer_params(s, kind)
     tokens = batch * verify
     rows, scored = attended(s, kind, context)
+    kv_bytes: float
     if kind == "mla":
-        width, kv_bytes = s.kv_lora + s.rope_dim, (s.kv_lora + s.rope_dim) * 2 * context
+        width, kv_bytes = s.kv_lora + s.rope_dim, (s.kv_lora + s.rope_dim) * 2.0 * context
         attn = 2 * s.heads * rows * (width + s.kv_lora) + 4 * s.heads * s.qk_nope * s.kv_lora
     else:
         width = s.head_dim

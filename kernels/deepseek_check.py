@@ -21,8 +21,10 @@ Writes ``deepseek_check.json`` (versions, which paths ran, every result) and pri
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -64,7 +66,7 @@ def check_quantize(c: Checker) -> dict[str, Any]:
     dev = c.device
     out: dict[str, Any] = {}
     w = torch.rand(5120, device=dev) + 0.5
-    cases = {
+    cases: dict[str, tuple[torch.Tensor, dict[str, Any]]] = {
         "plain": (torch.randn(37, 5120, device=dev, dtype=torch.bfloat16), {}),
         "rmsnorm": (torch.randn(64, 5120, device=dev, dtype=torch.bfloat16), {"norm_weight": w}),
         "swiglu": (torch.randn(50, 2 * 2304, device=dev, dtype=torch.bfloat16), {"silu": True}),
@@ -145,7 +147,139 @@ def check_flashmla(c: Checker) -> dict[str, Any]:
     return res
 
 
-def _run_block(blk: Any, pool: Any, xs: list[torch.Tensor], decode_v: tuple[int, ...]) -> Any:
+def check_prefill_index_order(c: Checker) -> dict[str, Any]:
+    """Sparse prefill with empty (-1) indices first in a row (what a naive window gives the
+    first queries of a prompt) and last (what the blocks build), kernel vs emulation."""
+    dev = c.device
+    if not flashmla.kernels_available(dev):
+        return {"ok": c.toy, "skipped": "no FlashMLA kernels here"}
+    g = torch.Generator(device=dev).manual_seed(2)
+    kv = torch.randn((300, 512), generator=g, device=dev).to(torch.bfloat16) / 4
+    q = torch.randn((200, 64, 512), generator=g, device=dev).to(torch.bfloat16) / 4
+    t = torch.arange(200, device=dev).view(-1, 1)
+    k = torch.arange(128, device=dev).view(1, -1)
+    first = torch.where(t - 127 + k >= 0, t - 127 + k, -1).int()  # oldest first: -1 leading
+    last = torch.where(t - k >= 0, t - k, -1).int()  # newest first: -1 trailing
+    res: dict[str, Any] = {}
+    for name, idx in (("empty_first", first), ("empty_last", last)):
+        flashmla.MODE = "kernel"
+        try:
+            a = flashmla.sparse_prefill(q, kv, idx, 512**-0.5)
+            flashmla.MODE = "emulate"
+            b = flashmla.sparse_prefill(q, kv, idx, 512**-0.5)
+        finally:
+            flashmla.MODE = "auto"
+        res[name] = rel_err(a, b)
+    res["ok"] = res["empty_last"] <= KERNEL_TOL
+    return res
+
+
+def check_fused(c: Checker) -> dict[str, Any]:
+    """The fused decode kernels (``deepseek/fused.py``) against their torch paths on MODEL1."""
+    from .deepseek import fused
+    from .deepseek.v4 import DSPool
+
+    dev = c.device
+    if c.toy or dev.type != "cuda":
+        return {"ok": True, "skipped": "the fused kernels run on CUDA at MODEL1 widths"}
+    shape = _v4_shape(False)
+    res: dict[str, Any] = {}
+    for kind in ("csa", "hca"):
+        pools: list[Any] = []
+        outs: list[Any] = []
+        B, v = 8, 3
+        g = torch.Generator(device=dev).manual_seed(3)
+        slots = torch.tensor([5, 0, 2, 7, 1, 3, 6, 4], device=dev)
+        L = torch.tensor([381, 126, 5, 1000, 255, 3, 127, 62], device=dev)
+        kv = torch.randn((B * v, 512), generator=g, device=dev).to(torch.bfloat16)
+        ik = torch.randn((B * v, 128), generator=g, device=dev).to(torch.bfloat16)
+        w = torch.rand(512, generator=g, device=dev) + 0.5
+        gate = torch.randn(512, generator=g, device=dev) * 0.05
+        for use_triton in (True, False):
+            pool = DSPool(kind=kind, shape=shape, max_seqs=8, max_tokens=2048, device=dev, seed=1)
+            bias = torch.linspace(-1, 1, pool.m, device=dev)
+            saved = fused.triton
+            if not use_triton:
+                fused.triton = None
+            try:
+                cn = fused.kv_norm_write(kv, w, pool.window, pool.ring, slots, L, v)
+                fused.compress_decode(
+                    pool, gate, bias, cn, ik if kind == "csa" else None, slots, L, v
+                )
+                hca = (pool.m, 64, pool.e_pad) if kind == "hca" else None
+                idx = fused.decode_indices(slots, L, v, 128, pool.ring, hca)
+            finally:
+                fused.triton = saved
+            pools.append(pool)
+            outs.append((cn, idx))
+        rows = (
+            slots.view(B, 1) * pools[0].ring
+            + (L.view(B, 1) + torch.arange(v, device=dev)) % pools[0].ring
+        ).reshape(-1)
+        res[f"{kind}_norm"] = rel_err(outs[0][0], outs[1][0])
+        res[f"{kind}_window"] = rel_err(pools[0].window.read(rows), pools[1].window.read(rows))
+        ents = [
+            int(slots[b]) * pools[0].e_pad + (int(L[b]) + i + 1) // pools[0].m - 1
+            for b in range(B)
+            for i in range(v)
+            if (int(L[b]) + i + 1) % pools[0].m == 0
+        ]
+        er = torch.tensor(ents, device=dev, dtype=torch.long)
+        res[f"{kind}_entries"] = len(ents)
+        if ents:
+            res[f"{kind}_entry_err"] = rel_err(pools[0].comp.read(er), pools[1].comp.read(er))
+            if kind == "csa":
+                a = pools[0].comp_idx.view(-1, 128)[er]
+                b = pools[1].comp_idx.view(-1, 128)[er]
+                res["csa_indexer_key_err"] = rel_err(a, b)
+        res[f"{kind}_indices_equal"] = all(
+            (x is None and y is None) or bool(torch.equal(x, y))
+            for x, y in zip(outs[0][1], outs[1][1], strict=True)
+        )
+    res["paths"] = sorted(fused.used)
+    errs = [v for k, v in res.items() if k.endswith(("_norm", "_window", "_err"))]
+    res["ok"] = all(e <= QUANT_TOL for e in errs) and all(
+        v for k, v in res.items() if k.endswith("_indices_equal")
+    )
+    return res
+
+
+def profile_decode(c: Checker, kind: Any) -> dict[str, Any]:
+    """Kernels of one eager decode step at 64 sequences × 8K (what a CUDA graph replays)."""
+    if c.device.type != "cuda" or c.toy:
+        return {"ok": True, "skipped": "needs a GPU"}
+    from torch.profiler import ProfilerActivity, profile
+
+    dev = c.device
+    shape = _mla_shape(False) if kind == "mla" else _v4_shape(False)
+    blk = get_backend("deepseek").attention_block(shape, kind, dev, True, seed=4)
+    pool = blk.new_pool(64, 8192 + 16)
+    for s in range(64):
+        pool.alloc(s)
+        pool.fill_random(s, 8192)
+    x = torch.randn((64, 1, shape.hidden), device=dev).to(torch.bfloat16)
+    lengths = pool.lengths.copy()
+    for _ in range(2):
+        pool.lengths[:] = lengths
+        blk.decode(x, pool, blk.plan_decode(pool, np.arange(64), 1))
+    synchronize(dev)
+    pool.lengths[:] = lengths
+    plan = blk.plan_decode(pool, np.arange(64), 1)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        blk.decode(x, pool, plan)
+        synchronize(dev)
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    events.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in events)
+    return {
+        "ok": True,
+        "kernels": int(sum(e.count for e in events)),
+        "gpu_us": total,
+        "top": [(e.key[:60], e.count, round(e.device_time_total, 1)) for e in events[:12]],
+    }
+
+
+def _run_block(blk: Any, pool: Any, xs: list[Any], decode_v: tuple[int, ...]) -> Any:
     """Prefill chunks of sequence 0 and 1, then decode steps of both; all outputs in order."""
     outs = []
     for seq, x in xs:
@@ -160,13 +294,13 @@ def _run_block(blk: Any, pool: Any, xs: list[torch.Tensor], decode_v: tuple[int,
 def _deltas(inputs: list[Any], outs: list[Any]) -> torch.Tensor:
     parts = []
     for inp, out in zip(inputs, outs, strict=True):
-        x = inp[1] if isinstance(inp, tuple) else inp
+        x = inp[0] if isinstance(inp, tuple) else inp
         y = out[1] if isinstance(out, tuple) else out
         parts.append((y.float() - x.float()).reshape(-1))
     return torch.cat(parts)
 
 
-def check_block(c: Checker, kind: str) -> dict[str, Any]:
+def check_block(c: Checker, kind: Any) -> dict[str, Any]:
     """A whole block (attention + shared expert) on the kernels, against the same block
     emulated and against the reference backend."""
     dev = c.device
@@ -213,7 +347,7 @@ def check_block(c: Checker, kind: str) -> dict[str, Any]:
     return res
 
 
-def check_graph_decode(c: Checker, kind: str) -> dict[str, Any]:
+def check_graph_decode(c: Checker, kind: Any) -> dict[str, Any]:
     """A decode step captured in a CUDA graph and replayed equals the eager step."""
     if c.device.type != "cuda":
         return {"ok": True, "skipped": "CUDA graphs need a GPU"}
@@ -310,12 +444,23 @@ def probe_deepgemm(timeout_s: float = 240.0) -> dict[str, Any]:
         )
     except subprocess.TimeoutExpired:
         return {"ok": False, "returncode": None, "tail": f"timed out after {timeout_s} s"}
-    tail = (p.stdout + p.stderr)[-1500:]
-    return {
+    res: dict[str, Any] = {
         "ok": p.returncode == 0 and "DEEPGEMM_OK" in p.stdout,
         "returncode": p.returncode,
-        "tail": tail,
+        "tail": (p.stdout + p.stderr)[-1500:],
     }
+    if p.returncode and p.returncode < 0 and shutil.which("cuda-gdb"):  # killed by a signal
+        env["DG_JIT_DEBUG"] = "1"
+        cmd = ["cuda-gdb", "-batch", "-ex", "run", "-ex", "bt 25", "--args", sys.executable]
+        env = dict(env)
+        try:
+            bt = subprocess.run(
+                [*cmd, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s
+            )
+            res["backtrace"] = (bt.stdout + bt.stderr)[-4000:]
+        except subprocess.TimeoutExpired:
+            res["backtrace"] = "cuda-gdb timed out"
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,11 +475,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     c.run("quantize_rows (Triton vs torch)", lambda: check_quantize(c))
     c.run("flashmla (kernel vs emulation)", lambda: check_flashmla(c))
+    c.run("flashmla prefill index order", lambda: check_prefill_index_order(c))
+    c.run("fused decode kernels (Triton vs torch)", lambda: check_fused(c))
     for kind in ("swa", "csa", "hca", "mla"):
-        c.run(f"block {kind}", lambda k=kind: check_block(c, k))
+        c.run(f"block {kind}", functools.partial(check_block, c, kind))
     for kind in ("csa", "hca", "mla"):
-        c.run(f"graph decode {kind}", lambda k=kind: check_graph_decode(c, k))
+        c.run(f"graph decode {kind}", functools.partial(check_graph_decode, c, kind))
     c.run("moe", lambda: check_moe(c))
+    for kind in ("csa", "hca", "swa", "mla"):
+        c.run(f"profile decode {kind}", functools.partial(profile_decode, c, kind))
     c.run("engine core (deepseek)", lambda: check_engine(c))
     if a.deepgemm:
         c.run("deepgemm probe", probe_deepgemm)

@@ -42,6 +42,8 @@ try:  # Triton is optional: only the CUDA path uses it
         X,
         stride_xm,
         stride_xg,
+        RES,
+        SUM,
         W,
         Q,
         S,
@@ -54,6 +56,7 @@ try:  # Triton is optional: only the CUDA path uses it
         SILU: tl.constexpr,
         NORM: tl.constexpr,
         WRITE_OUT: tl.constexpr,
+        ADD: tl.constexpr,
     ):
         row = tl.program_id(0)
         grp = tl.program_id(1)
@@ -66,6 +69,9 @@ try:  # Triton is optional: only the CUDA path uses it
             if SILU:
                 u = tl.load(base + K + cols, mask=mask, other=0.0).to(tl.float32)
                 v = v / (1.0 + tl.exp(-v)) * u
+            if ADD:  # v = x + residual, written out (the layer's running hidden state)
+                v += tl.load(RES + row * K + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(SUM + row * K + cols, v.to(tl.bfloat16), mask=mask)
             if NORM:
                 ms = tl.sum(v * v, axis=0) / K
                 w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
@@ -106,10 +112,16 @@ def quantize_rows(
     want_bf16: bool = False,
     eps: float = 1e-6,
     fp8: bool = True,
+    residual: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``x [M, C]`` -> (e4m3 ``[G, M_pad, K]``, scales ``[G, M_pad]``, bf16 ``[G, M_pad, K]`` or
     None), with K = C / G (C / 2G with ``silu``). G = 1 callers take ``[0]``. ``fp8=False``
-    (tests) returns the rows unquantized in ``x``'s dtype with unit scales."""
+    (tests) returns the rows unquantized in ``x``'s dtype with unit scales. With ``residual``
+    (``[M, K]``, G = 1) the rows ``x + residual`` are what is normalized and quantized, and are
+    written to ``sum_out``."""
+    if residual is not None and (groups != 1 or silu or sum_out is None):
+        raise ValueError("residual needs groups=1, no silu, and sum_out")
     m, c = x.shape
     k = c // groups // (2 if silu else 1)
     m_pad = padded_rows(m)
@@ -123,6 +135,8 @@ def quantize_rows(
             x,
             x.stride(0),
             k * (2 if silu else 1),
+            residual if residual is not None else x,
+            sum_out if sum_out is not None else x,
             norm_weight if norm_weight is not None else x,
             q,
             s,
@@ -135,6 +149,7 @@ def quantize_rows(
             SILU=silu,
             NORM=norm_weight is not None,
             WRITE_OUT=out is not None,
+            ADD=residual is not None,
             num_warps=4 if block <= 2048 else (8 if block <= 8192 else 16),
         )
         used.add("triton.quantize_rows")
@@ -144,6 +159,9 @@ def quantize_rows(
     if silu:
         g, u = v[..., :k], v[..., k:]
         v = torch.nn.functional.silu(g) * u
+    if residual is not None and sum_out is not None:
+        v = v + residual.float().view(m, 1, k)
+        sum_out.copy_(v.view(m, k).to(sum_out.dtype))
     if norm_weight is not None:
         v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
     v = v.transpose(0, 1)  # [G, M, K]
@@ -214,7 +232,30 @@ class GroupedFP8Linear:
     def __init__(self, weight: torch.Tensor, fp8: bool = True) -> None:  # [G, N, K]
         self.groups = int(weight.shape[0])
         self.parts = [quantize_weight(weight[g], fp8) for g in range(self.groups)]
+        self.wq = torch.stack([wq for wq, _ in self.parts])  # [G, N, K]
+        self.ws = torch.stack([ws for _, ws in self.parts])  # [G, N]
+        self.batched = fp8 and weight.is_cuda and self._batched_works()
+
+    def _batched_works(self) -> bool:
+        """Does ``torch._scaled_grouped_mm`` take the groups as one batched 3-D GEMM here?"""
+        k = self.wq.shape[2]
+        xq = torch.zeros((self.groups, 16, k), device=self.wq.device).to(self.wq.dtype)
+        xs = torch.ones((self.groups, 16), device=self.wq.device)
+        try:
+            self._batched(xq, xs)
+            return True
+        except (RuntimeError, NotImplementedError, TypeError):
+            return False
+
+    def _batched(self, xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_grouped_mm(
+            xq, self.wq.transpose(-2, -1), scale_a=xs, scale_b=self.ws, out_dtype=torch.bfloat16
+        )
 
     def __call__(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> torch.Tensor:
+        if self.batched:
+            used.add("scaled_grouped_mm.batched")
+            y = self._batched(xq, xs)  # [G, M_pad, N]
+            return y[:, :m].transpose(0, 1).reshape(m, -1)
         outs = [fp8_gemm(xq[g], xs[g], wq, ws)[:m] for g, (wq, ws) in enumerate(self.parts)]
         return torch.cat(outs, dim=1)

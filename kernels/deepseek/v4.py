@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .._util import as_device, default_dtype, empty, next_pow2, rms_norm
+from .._util import as_device, default_dtype, empty, next_pow2
 from ..attention import AttentionBlock, compress_groups, indexer_scores
 from ..cache import SlotBook
 from ..shapes import Kind, LayerShape
-from . import flashmla
+from . import flashmla, fused
 from .fp8 import FP8Linear, GroupedFP8Linear, quantize_rows
 from .layout import Model1Cache, Model1Layout
 from .plan import DevicePlan
@@ -229,35 +229,37 @@ class DSAttentionBlock:
         n_dec = decode.B * decode.v if decode is not None else 0
         if sum(n for _, n in prefill) + n_dec != t:
             raise ValueError("rows of x do not match the prefill segments + decode rows")
-        r = self.ref
-        hq, hs, _ = quantize_rows(x, norm_weight=r.attn_norm, fp8=self.fp8)
+        r, fp8 = self.ref, self.fp8
+        hq, hs, _ = quantize_rows(x, norm_weight=r.attn_norm, fp8=fp8)
         parts = self.w_in(hq[0], hs[0], t)
-        qlq, qls, _ = quantize_rows(parts[0], norm_weight=r.q_norm, fp8=self.fp8)
+        qlq, qls, _ = quantize_rows(parts[0], norm_weight=r.q_norm, fp8=fp8)
         q = self.w_qb.one(qlq[0], qls[0], t).view(t, H, d)
-        c = rms_norm(parts[1], r.kv_norm)
+        kv = parts[1]  # normalized (and written to the cache) per segment
         idx = tuple(parts[2:5]) if self.kind == "csa" else None
         att = empty((t, H, d), dtype=q.dtype, device=self.device)
         row = 0
         for seq, n in prefill:
             sl = slice(row, row + n)
             sub = tuple(p[sl] for p in idx) if idx is not None else None
-            att[sl] = self._prefill_attention(pool, seq, q[sl], c[sl], sub)
+            att[sl] = self._prefill_attention(pool, seq, q[sl], kv[sl], sub)
             row += n
         if decode is not None and n_dec:
             sl = slice(row, row + n_dec)
             sub = tuple(p[sl] for p in idx) if idx is not None else None
-            att[sl] = self._decode_attention(pool, decode, q[sl], c[sl], sub)
+            att[sl] = self._decode_attention(pool, decode, q[sl], kv[sl], sub)
             pool.lengths[decode.slots] += decode.v
-        oq, os_, _ = quantize_rows(att.view(t, H * d), groups=s.o_groups, fp8=self.fp8)
+        oq, os_, _ = quantize_rows(att.view(t, H * d), groups=s.o_groups, fp8=fp8)
         o = self.wo_a(oq, os_, t)
-        o2q, o2s, _ = quantize_rows(o, fp8=self.fp8)
-        y = x + self.wo_b.one(o2q[0], o2s[0], t).to(x.dtype)
+        o2q, o2s, _ = quantize_rows(o, fp8=fp8)
+        proj = self.wo_b.one(o2q[0], o2s[0], t)
+        y = torch.empty_like(x)
         zq, zs, z = quantize_rows(
-            y, norm_weight=r.ffn_norm, want_bf16=return_ffn_input, fp8=self.fp8
-        )
+            proj, norm_weight=r.ffn_norm, want_bf16=return_ffn_input, fp8=fp8, residual=x,
+            sum_out=y,
+        )  # fmt: skip
         if self.w_gu is not None and self.w_down is not None:
             gu = self.w_gu.one(zq[0], zs[0], t)
-            aq, as_, _ = quantize_rows(gu, silu=True, fp8=self.fp8)
+            aq, as_, _ = quantize_rows(gu, silu=True, fp8=fp8)
             y = y + self.w_down.one(aq[0], as_[0], t).to(y.dtype)
         if return_ffn_input:
             assert z is not None
@@ -270,46 +272,55 @@ class DSAttentionBlock:
         pool: DSPool,
         seq: int,
         q: torch.Tensor,
-        c: torch.Tensor,
+        kv: torch.Tensor,
         idx: tuple[torch.Tensor, ...] | None,
     ) -> torch.Tensor:
         s, w, m = self.shape, self.shape.window, self.m
         dev = self.device
         pool._check(seq)
-        p, n = int(pool.lengths[seq]), c.shape[0]
+        p, n = int(pool.lengths[seq]), kv.shape[0]
         pool._check_capacity(p + n)
-        slot = torch.full((1,), seq, device=dev)  # a kernel, not a copy: capturable
+        slot = torch.full((1,), seq, device=dev)  # a kernel, not a host copy: capturable
         w0 = min(p, w)
-        rows = pool.window_rows(slot, torch.arange(p - w0, p, device=dev))
-        prev = pool.window.read(rows, q.dtype)
-        n_ent = self._compress_prefill(pool, seq, p, c, idx[0] if idx is not None else None)
-        ents = (
-            pool.comp.read(pool.entry_rows(slot, torch.arange(n_ent, device=dev)), q.dtype)
-            if n_ent and pool.comp is not None
-            else c[:0]
+        prev = pool.window.read(
+            pool.window_rows(slot, torch.arange(p - w0, p, device=dev)), q.dtype
         )
-        kv = torch.cat([prev, c.to(q.dtype), ents.to(q.dtype)])
+        c = fused.kv_norm_write(
+            kv, self.ref.kv_norm, pool.window, pool.ring, slot, torch.full((1,), p, device=dev),
+            n, write_from=max(0, n - pool.ring),
+        )  # fmt: skip
+        n_ent = self._compress_prefill(pool, seq, p, c, idx[0] if idx is not None else None)
+        ents = c[:0]
+        if n_ent and pool.comp is not None:
+            ents = pool.comp.read(pool.entry_rows(slot, torch.arange(n_ent, device=dev)), q.dtype)
+        kv_rows = torch.cat([prev, c.to(q.dtype), ents.to(q.dtype)])
         qpos = p + torch.arange(n, device=dev)
-        kp = qpos.view(n, 1) - (w - 1) + torch.arange(w, device=dev).view(1, w)
-        win = torch.where(kp >= 0, kp - (p - w0), -1)
-        parts, topk_len = [win], None
+        n_win = torch.clamp(qpos + 1, max=w)  # valid window keys: the newest first
+        base = w0 + n  # kv row of compressed entry 0
         if m and n_ent:
             vis = qpos // m
-            base = w0 + n
             if self.kind == "hca":
-                e_pad = _round_up(n_ent, TOPK_ALIGN)
-                e = torch.arange(e_pad, device=dev).view(1, e_pad)
-                parts.append(torch.where(e < vis.view(n, 1), base + e, -1))
-                topk_len = (w + vis).to(torch.int32)
+                width = _round_up(n_ent, TOPK_ALIGN)
+                extra = base + torch.arange(width, device=dev).expand(n, width)
+                n_extra = vis
             else:
-                assert idx is not None and pool.comp_idx is not None
+                assert idx is not None
                 sel = self._select_prefill(pool, seq, idx, vis, n_ent)
-                parts.append(torch.where(sel >= 0, sel + base, -1))
-        indices = torch.cat(parts, dim=1).to(torch.int32)
-        out = flashmla.sparse_prefill(q, kv, indices, self.scale, topk_len, d_v=s.head_dim)
-        keep = min(n, pool.ring)
-        pos = torch.arange(p + n - keep, p + n, device=dev)
-        pool.window.write(pool.window_rows(slot, pos), c[n - keep :])
+                extra = torch.where(sel >= 0, sel + base, -1)
+                n_extra = (sel >= 0).sum(1)
+        else:
+            extra = torch.zeros((n, 0), dtype=torch.long, device=dev)
+            n_extra = torch.zeros_like(qpos)
+        # one row per query: its window keys, then its entries, then empty (-1) slots
+        j = torch.arange(w + extra.shape[1], device=dev).view(1, -1)
+        nw = n_win.view(n, 1)
+        win_rows = (qpos.view(n, 1) - j) - (p - w0)
+        ex = extra.gather(1, (j - nw).clamp(0, max(extra.shape[1] - 1, 0))) if extra.numel() else j
+        indices = torch.where(j < nw, win_rows, torch.where(j - nw < n_extra.view(n, 1), ex, -1))
+        topk_len = (n_win + n_extra).to(torch.int32)
+        out = flashmla.sparse_prefill(
+            q, kv_rows, indices.to(torch.int32), self.scale, topk_len, d_v=s.head_dim
+        )
         pool.lengths[seq] = p + n
         return out
 
@@ -321,8 +332,9 @@ class DSAttentionBlock:
         vis: torch.Tensor,
         n_ent: int,
     ) -> torch.Tensor:
-        """CSA: the indexer's top-k visible entries per query ``[n, k_pad]`` (``-1`` empty),
-        scored in query chunks so the ``[chunk, entries]`` scores stay under the temp budget."""
+        """CSA: the indexer's top-k visible entries per query ``[n, k_pad]``, best first (``-1``
+        after the visible ones), scored in query chunks so the ``[chunk, entries]`` scores stay
+        under the temp budget."""
         s = self.shape
         _, iw, iq = idx
         n = vis.shape[0]
@@ -341,7 +353,7 @@ class DSAttentionBlock:
                 vis=vis[c0:c1].view(1, -1),
                 max_tmp_bytes=self.max_tmp_bytes // 2,
             )[0]
-            top_v, top_i = sc.topk(k, dim=-1, sorted=False)
+            top_v, top_i = sc.topk(k, dim=-1, sorted=True)
             out[c0:c1, :k] = torch.where(torch.isfinite(top_v), top_i, -1)
         return out
 
@@ -357,10 +369,12 @@ class DSAttentionBlock:
         dev = self.device
         r = p % m
         n = c.shape[0]
+        c = c.to(pool.ring_kv.dtype)
         arr = torch.cat([pool.ring_kv[seq, :r], c]) if r else c
         arr_i = None
         if ik is not None:
             assert pool.ring_idx is not None
+            ik = ik.to(pool.ring_idx.dtype)
             arr_i = torch.cat([pool.ring_idx[seq, :r], ik]) if r else ik
         g = (r + n) // m
         e0 = p // m
@@ -390,88 +404,41 @@ class DSAttentionBlock:
         pool: DSPool,
         plan: DSDecodePlan,
         q: torch.Tensor,
-        c: torch.Tensor,
+        kv: torch.Tensor,
         idx: tuple[torch.Tensor, ...] | None,
     ) -> torch.Tensor:
         """Device-only: no host reads, so the step can be captured in a CUDA graph."""
         s, w, m = self.shape, self.shape.window, self.m
         B, v, H, d = plan.B, plan.v, s.heads, s.head_dim
-        dev = self.device
         slots, L = plan.slots_t, plan.lengths_t
-        pos = L.view(B, 1) + torch.arange(v, device=dev).view(1, v)  # [B, v]
-        pool.window.write(pool.window_rows(slots.view(B, 1), pos).reshape(-1), c)
+        c = fused.kv_norm_write(kv, self.ref.kv_norm, pool.window, pool.ring, slots, L, v)
         if m:
-            self._compress_decode(pool, plan, pos, c.view(B, v, d), idx[0] if idx else None)
-        kp = pos.unsqueeze(-1) - (w - 1) + torch.arange(w, device=dev).view(1, 1, w)
-        win = torch.where(kp >= 0, pool.window_rows(slots.view(B, 1, 1), kp), -1)
-        extra = extra_idx = extra_len = None
-        if m:
-            cap = plan.entry_cap[m]
-            vis = pos // m
-            e = torch.arange(cap, device=dev).view(1, 1, cap)
-            if self.kind == "hca":
-                extra_idx = torch.where(
-                    e < vis.unsqueeze(-1), pool.entry_rows(slots.view(B, 1, 1), e), -1
-                )
-                extra_len = vis[:, -1].clamp(max=cap).to(torch.int32)
-            else:
-                assert idx is not None and pool.comp_idx is not None
-                _, iw, iq = idx
-                keys = pool.comp_idx.index_select(0, slots)[:, :cap]
-                sc = indexer_scores(
-                    iq.reshape(B, v, s.indexer_heads, s.indexer_dim).to(keys.dtype),
-                    iw.reshape(B, v, s.indexer_heads).to(keys.dtype),
-                    keys,
-                    vis=vis,
-                    max_tmp_bytes=self.max_tmp_bytes // 2,
-                )
-                top_v, top_i = sc.topk(min(s.index_topk, cap), dim=-1, sorted=False)
-                extra_idx = torch.where(
-                    torch.isfinite(top_v), pool.entry_rows(slots.view(B, 1, 1), top_i), -1
-                )
-            extra = pool.comp
+            fused.compress_decode(
+                pool, self.ref.gate, self.ref.gate_bias, c, idx[0] if idx else None, slots, L, v
+            )
+        cap = plan.entry_cap.get(m, 0)
+        hca = (m, cap, pool.e_pad) if self.kind == "hca" else None
+        win, extra_idx, extra_len = fused.decode_indices(slots, L, v, w, pool.ring, hca)
+        if self.kind == "csa":
+            assert idx is not None and pool.comp_idx is not None
+            _, iw, iq = idx
+            keys = pool.comp_idx[:, :cap].index_select(0, slots)
+            sc = indexer_scores(
+                iq.reshape(B, v, s.indexer_heads, s.indexer_dim).to(keys.dtype),
+                iw.reshape(B, v, s.indexer_heads).to(keys.dtype),
+                keys,
+                vis=(L.view(B, 1) + torch.arange(v, device=self.device).view(1, v)) // m,
+                max_tmp_bytes=self.max_tmp_bytes // 2,
+            )
+            top_v, top_i = sc.topk(min(s.index_topk, cap), dim=-1, sorted=True)
+            extra_idx = fused.rows_from_topk(top_v, top_i, slots, pool.e_pad)
         out = flashmla.sparse_decode(
             q.view(B, v, H, d),
             pool.window,
-            win.to(torch.int32),
+            win,
             self.scale,
-            extra,
-            extra_idx.to(torch.int32) if extra_idx is not None else None,
+            pool.comp if m else None,
+            extra_idx,
             extra_len,
         )
         return out.view(B * v, H, d)
-
-    def _compress_decode(
-        self,
-        pool: DSPool,
-        plan: DSDecodePlan,
-        pos: torch.Tensor,
-        c3: torch.Tensor,
-        ik: torch.Tensor | None,
-    ) -> None:
-        m = self.m
-        assert pool.ring_kv is not None and pool.comp is not None
-        B, v = plan.B, plan.v
-        slots = plan.slots_t
-        ik3 = ik.view(B, v, -1) if ik is not None else None
-        scratch = torch.full_like(slots, pool.scratch)
-        for i in range(v):
-            p_i = pos[:, i]
-            ri = p_i % m
-            pool.ring_kv.index_put_((slots, ri), c3[:, i].to(pool.ring_kv.dtype))
-            if ik3 is not None:
-                assert pool.ring_idx is not None
-                pool.ring_idx.index_put_((slots, ri), ik3[:, i].to(pool.ring_idx.dtype))
-            done = (p_i + 1) % m == 0
-            grp_i = None
-            if ik3 is not None and pool.ring_idx is not None:
-                grp_i = pool.ring_idx.index_select(0, slots)
-            ent, ent_i = compress_groups(
-                pool.ring_kv.index_select(0, slots), self.ref.gate, self.ref.gate_bias, grp_i
-            )
-            t_slot = torch.where(done, slots, scratch)
-            t_ent = torch.where(done, (p_i + 1) // m - 1, 0)
-            pool.comp.write(pool.entry_rows(t_slot, t_ent), ent)
-            if ent_i is not None:
-                assert pool.comp_idx is not None
-                pool.comp_idx.index_put_((t_slot, t_ent), ent_i)
