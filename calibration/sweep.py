@@ -128,7 +128,7 @@ class Grid:
     def quick(cls) -> Grid:
         return cls(
             name="quick",
-            prefill_n=(256, 1024, 4096, 8192, 16384, 32768),
+            prefill_n=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
             prefill_p=(0, 8192, 32768, 131072, 262144),
             decode_b=(1, 8, 32, 64, 128, 256),
             decode_ctx=(2048, 8192, 32768),

@@ -257,7 +257,10 @@ class TorchBench:
 
         def reset_and_plan() -> None:
             reset()
-            holder["plan"] = block.plan_decode(pool, seqs, verify)  # host work, not timed
+            plan = block.plan_decode(pool, seqs, verify)  # host work, not timed
+            if hasattr(plan, "sched"):  # per-step scheduler state: once per step, not per layer
+                plan.sched = holder.setdefault("sched", plan.sched)
+            holder["plan"] = plan
 
         return self._measure(
             "decode",

@@ -325,6 +325,8 @@ class EngineCore:
             self._decode_layers(x, plans)  # warm-up outside the graph (handles, autotuning)
         torch.cuda.current_stream(self.device).wait_stream(side)
         restore()
+        for plan in plans:  # per-step state (FlashMLA's scheduler metadata) recomputed in-graph
+            getattr(plan, "sched", {}).clear()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self._graph_pool):
             self._decode_layers(x, plans)

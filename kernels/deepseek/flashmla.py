@@ -98,14 +98,23 @@ def sparse_decode(
     extra: Model1Cache | None = None,
     extra_indices: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
+    sched: dict[Any, Any] | None = None,
+    sched_key: Any = None,
 ) -> torch.Tensor:
     """``q [B, s_q, H, d]`` bf16; ``indices [B, s_q, topk]`` int32 into ``cache``; optional
     ``extra_indices [B, s_q, extra_topk]`` into ``extra`` with ``extra_topk_length [B]``.
-    Returns ``[B, s_q, H, d]`` bf16 (d_v = d)."""
+    Returns ``[B, s_q, H, d]`` bf16 (d_v = d). ``sched`` keeps FlashMLA's tile-scheduler
+    metadata under ``sched_key`` for the next call with the same shapes and lengths (the other
+    layers of a decode step), as engines compute it once per step."""
     b, s_q, h, d = q.shape
     if _use_kernel(q.device, d, h):
         fm = _module()
-        meta, _ = fm.get_mla_metadata()
+        if sched is not None and sched_key in sched:
+            meta = sched[sched_key]
+        else:
+            meta, _ = fm.get_mla_metadata()
+            if sched is not None:
+                sched[sched_key] = meta
         out, _ = fm.flash_mla_with_kvcache(
             q,
             cache.kernel_view(),

@@ -10,7 +10,9 @@ one launch what the torch path does in many, with the same arithmetic:
                          FP8 MODEL1 bytes + UE8M0 scales written into the window ring pages
 ``decode_indices``       every query's 128 window indices (newest first: empty ones last) and,
                          for HCA, its visible compressed entries (oldest first) and their count
-``rows_from_topk``       the CSA indexer's top-k (sorted, -inf last) as compressed-cache rows
+``decode_indexer``       the CSA lightning indexer of decode queries over their sequences' keys,
+                         read in place from the pool (no gather of the keys)
+``rows_from_topk``       the CSA indexer's top-k as compressed-cache rows (-1 where -inf)
 ``compress_decode``      each sequence's v new tokens into its partial compression group, and each
                          group that completes folded into one FP8 entry (+ its bf16 indexer key)
 =======================  ===========================================================================
@@ -219,6 +221,46 @@ try:
                     tl.store(COMP_IDX + erow * DI + icol, vi.to(tl.bfloat16))
             tl.debug_barrier()
 
+    @triton.jit
+    def _decode_indexer_kernel(
+        IQ,
+        stride_iq,
+        IW,
+        stride_iw,
+        KEYS,
+        key_slot_stride,
+        SLOTS,
+        LENS,
+        OUT,
+        V,
+        m,
+        cap,
+        tie,
+        HI: tl.constexpr,
+        DI: tl.constexpr,
+        BLOCK_E: tl.constexpr,
+    ):
+        r = tl.program_id(0)
+        eb = tl.program_id(1)
+        b = r // V
+        i = r % V
+        slot = tl.load(SLOTS + b).to(tl.int64)
+        vis = (tl.load(LENS + b) + i) // m
+        h = tl.arange(0, HI)
+        d = tl.arange(0, DI)
+        q = tl.load(IQ + r * stride_iq + h[:, None] * DI + d[None, :])
+        w = tl.load(IW + r * stride_iw + h).to(tl.float32)
+        e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
+        k = tl.load(
+            KEYS + slot * key_slot_stride + e[:, None] * DI + d[None, :],
+            mask=(e < cap)[:, None],
+            other=0.0,
+        )
+        sc = tl.maximum(tl.dot(q, tl.trans(k)), 0.0)  # [HI, BLOCK_E]
+        val = tl.sum(sc * w[:, None], axis=0) + e.to(tl.float32) * tie
+        val = tl.where(e < vis, val, float("-inf"))
+        tl.store(OUT + r * cap + e, val, mask=e < cap)
+
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
@@ -300,6 +342,44 @@ def decode_indices(
         extra.copy_(torch.where(e < vis.unsqueeze(-1), slots.view(b, 1, 1) * e_pad + e, -1))
         elen.copy_(vis[:, -1].clamp(max=cap))
     return win, extra, elen
+
+
+def decode_indexer_scores(
+    iq: torch.Tensor,
+    iw: torch.Tensor,
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    v: int,
+    m: int,
+    cap: int,
+    heads: int,
+    dim: int,
+    tie: float,
+) -> torch.Tensor:
+    """Lightning-indexer scores ``[B, v, cap]`` of each decode query over its sequence's
+    compressed keys, read in place from the pool (``keys [slots, entries, dim]``): no gather.
+    ``-inf`` where an entry is not yet visible; ``tie · entry`` added as the reference does."""
+    b = slots.shape[0]
+    dev = iq.device
+    if _triton(iq) and heads >= 16 and dim >= 16 and b and iq.stride(1) == 1:
+        out = torch.empty((b, v, cap), dtype=torch.float32, device=dev)
+        block = 64
+        _decode_indexer_kernel[(b * v, triton.cdiv(cap, block))](
+            iq, iq.stride(0), iw, iw.stride(0), keys, keys.stride(0), slots, lengths, out, v, m,
+            cap, tie, HI=heads, DI=dim, BLOCK_E=block, num_warps=4,
+        )  # fmt: skip
+        used.add("triton.decode_indexer")
+        return out
+    used.add("torch.decode_indexer")
+    from ..attention import indexer_scores
+
+    vis = (lengths.view(b, 1) + torch.arange(v, device=dev).view(1, v)) // m
+    sel = keys[:, :cap].index_select(0, slots)
+    return indexer_scores(
+        iq.reshape(b, v, heads, dim).to(sel.dtype), iw.reshape(b, v, heads).to(sel.dtype), sel,
+        vis=vis,
+    )  # fmt: skip
 
 
 def rows_from_topk(

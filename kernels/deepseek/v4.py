@@ -27,12 +27,13 @@ reference's are bf16), and activations are quantized per token from float32 rath
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from .._util import as_device, default_dtype, empty, next_pow2
-from ..attention import AttentionBlock, compress_groups, indexer_scores
+from ..attention import TIE_BREAK, AttentionBlock, compress_groups, indexer_scores
 from ..cache import SlotBook
 from ..shapes import Kind, LayerShape
 from . import flashmla, fused
@@ -114,6 +115,9 @@ class DSDecodePlan(DevicePlan):
     compression factor (the indexer and attention index shapes)."""
 
     entry_cap: dict[int, int] = field(default_factory=dict)
+    # FlashMLA's tile-scheduler metadata, computed by the first layer of a kind in a step and
+    # reused by the others (it depends on shapes and lengths only), shared by the step's plans
+    sched: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def graph_key(self) -> tuple[int, ...]:
@@ -124,11 +128,13 @@ class DSDecodePlan(DevicePlan):
         cls, pool: DSPool, seqs: np.ndarray | list[int], v: int, share: object = None
     ) -> DSDecodePlan:
         slots, lengths, slots_t, lengths_t = cls.inputs(pool, seqs, v, pool.device, share)
+        shared = isinstance(share, DSDecodePlan) and share.slots_t is slots_t
+        sched = share.sched if shared and isinstance(share, DSDecodePlan) else {}
         caps: dict[int, int] = {}
         if pool.m:
             need = int(((lengths + v - 1) // pool.m).max()) if slots.size else 0
             caps[pool.m] = max(ENTRY_BLOCK, _round_up(need, ENTRY_BLOCK))
-        return cls(slots, lengths, v, slots_t, lengths_t, caps)
+        return cls(slots, lengths, v, slots_t, lengths_t, caps, sched)
 
 
 class DSAttentionBlock:
@@ -422,15 +428,11 @@ class DSAttentionBlock:
         if self.kind == "csa":
             assert idx is not None and pool.comp_idx is not None
             _, iw, iq = idx
-            keys = pool.comp_idx[:, :cap].index_select(0, slots)
-            sc = indexer_scores(
-                iq.reshape(B, v, s.indexer_heads, s.indexer_dim).to(keys.dtype),
-                iw.reshape(B, v, s.indexer_heads).to(keys.dtype),
-                keys,
-                vis=(L.view(B, 1) + torch.arange(v, device=self.device).view(1, v)) // m,
-                max_tmp_bytes=self.max_tmp_bytes // 2,
-            )
-            top_v, top_i = sc.topk(min(s.index_topk, cap), dim=-1, sorted=True)
+            sc = fused.decode_indexer_scores(
+                iq, iw, pool.comp_idx, slots, L, v, m, cap, s.indexer_heads, s.indexer_dim,
+                TIE_BREAK,
+            )  # fmt: skip
+            top_v, top_i = sc.topk(min(s.index_topk, cap), dim=-1, sorted=False)
             extra_idx = fused.rows_from_topk(top_v, top_i, slots, pool.e_pad)
         out = flashmla.sparse_decode(
             q.view(B, v, H, d),
@@ -440,5 +442,7 @@ class DSAttentionBlock:
             pool.comp if m else None,
             extra_idx,
             extra_len,
+            sched=plan.sched,
+            sched_key=(self.kind, cap),
         )
         return out.view(B * v, H, d)
