@@ -56,7 +56,8 @@ P="python3 -m deepinfer_sim"
 CAL="$P.cli calibrate --device cuda --kernels deepseek --quick --name h200-deepseek"
 for stage in "$@"; do
   case $stage in
-    check) run 150 check $P.kernels.deepseek_check --out "$OUT/check" --deepgemm ;;
+    check) dg=--deepgemm; [ "${DEEPGEMM_PROBE:-1}" = 0 ] && dg=
+      run 150 check $P.kernels.deepseek_check --out "$OUT/check" $dg ;;
     table) run 150 table $P.calibration.kernel_table --out "$OUT/table.json" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --out "$OUT/v41.yaml" ;;
     v3) run 300 v3 $CAL --model deepseek-v3 --no-vision --out "$OUT/v3.yaml" ;;

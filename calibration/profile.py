@@ -123,6 +123,10 @@ class EngineOverhead(FrozenModel):
     prefill_step_s: float = Field(0.0, ge=0)
     prefill_per_seq_s: float = Field(0.0, ge=0)
     prefill_per_token_s: float = Field(0.0, ge=0)
+    # the replay loop's bookkeeping between two steps (admission, acceptance, slot upkeep)
+    decode_loop_s: float = Field(0.0, ge=0)
+    decode_loop_per_seq_s: float = Field(0.0, ge=0)
+    prefill_loop_s: float = Field(0.0, ge=0)
 
 
 class HardwareCoefs(FrozenModel):

@@ -476,7 +476,9 @@ def fit_engine_overhead(
         res = lsq_linear(F / scale, np.array(resid), bounds=(0, np.inf))
         a, s, k = (float(v) for v in res.x / scale)
         fitted[phase] = (a, s, k)
+    loop = fit_loop_gaps(rows)
     return EngineOverhead(
+        **loop,
         prefill_step_s=fitted["prefill"][0],
         prefill_per_seq_s=fitted["prefill"][1],
         prefill_per_token_s=fitted["prefill"][2],
@@ -484,3 +486,26 @@ def fit_engine_overhead(
         decode_per_seq_s=fitted["decode"][1],
         decode_per_kv_token_s=fitted["decode"][2],
     )
+
+
+def fit_loop_gaps(rows: list[EngineRow]) -> dict[str, float]:
+    """The replay loop's time between steps: decode as a constant plus a cost per sequence
+    (non-negative least squares on the per-batch medians), prefill as the median gap."""
+    out = {"decode_loop_s": 0.0, "decode_loop_per_seq_s": 0.0, "prefill_loop_s": 0.0}
+    dec = [(r[1], r[4]) for r in rows if r[0] == "decode_gap"]
+    if len(dec) >= 3:
+        by: dict[int, list[float]] = {}
+        for b, g in dec:
+            by.setdefault(int(b), []).append(g)
+        B = np.array(sorted(by), dtype=float)
+        med = np.array([np.median(by[int(b)]) for b in B])
+        if B.size >= 2:
+            F = np.stack([np.ones_like(B), B], axis=1)
+            res = lsq_linear(F, med, bounds=(0, np.inf))
+            out["decode_loop_s"], out["decode_loop_per_seq_s"] = (float(v) for v in res.x)
+        else:
+            out["decode_loop_s"] = float(med[0])
+    pre = [r[4] for r in rows if r[0] == "prefill_gap"]
+    if pre:
+        out["prefill_loop_s"] = max(0.0, float(np.median(pre)))
+    return out

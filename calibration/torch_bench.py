@@ -432,13 +432,40 @@ class TorchBench:
             rows.append(("prefill", b, n, 0, wall(run_pre, reset_pre)))
             for s in slots:
                 eng.free_slot(s)
-        return rows
+        return rows + loop_gaps(eng, decode, prefill)
 
     def a2a_table(self) -> list[tuple[float, float]]:
         """(bytes each of two GPUs sends the other, seconds) over NCCL; [] with one GPU."""
         if not self.cuda or self.torch.cuda.device_count() < 2:
             return []
         return run_a2a_bench()
+
+
+def loop_gaps(
+    eng: Any, decode: Sequence[tuple[int, int]], prefill: Sequence[tuple[int, int]]
+) -> list[tuple[str, int, int, int, float]]:
+    """The replay loop's host time between steps (admission, acceptance draws, slot upkeep),
+    from short synthetic decode-only and prefill-only replays: ``("decode_gap", sequences of the
+    step before, 0, 0, s)`` and ``("prefill_gap", prompts, tokens, 0, s)`` rows."""
+    rows: list[tuple[str, int, int, int, float]] = []
+    runs = []
+    if decode:
+        b = max(bb for bb, _ in decode)
+        ctx = min(c for _, c in decode)
+        runs.append(("decode", eng.run([(0.0, ctx, 48)] * b, mode="decode_only")))
+    if prefill:
+        prompts = [(0.0, n, 2) for _, n in prefill for _ in range(2)]
+        runs.append(("prefill", eng.run(prompts, mode="prefill_only")))
+    for phase, res in runs:
+        st = res.steps.sort_values("start_s")
+        gaps = st["start_s"].to_numpy()[1:] - st["end_s"].to_numpy()[:-1]
+        seqs = st[f"{phase}_seqs"].to_numpy()[:-1]
+        tokens = st[f"{phase}_tokens"].to_numpy()[:-1]
+        rows += [
+            (f"{phase}_gap", int(s), int(t), 0, float(g))
+            for s, t, g in zip(seqs, tokens, gaps, strict=True)
+        ]
+    return rows
 
 
 def run_a2a_bench(

@@ -10,9 +10,11 @@ Tolerances (relative L2 error, ``_util.rel_err``), stated once here:
   arithmetic, split-KV combine order);
 * fused Triton quantization vs the torch path (identical FP8 codes but for rounding ties):
   ``QUANT_TOL`` on the dequantized rows;
-* a whole block on the kernels vs the same block emulated (same weights, same FP8 caches):
-  ``KERNEL_TOL``; vs the reference backend (bf16 caches, other activation rounding): ``FP8_TOL``
-  on the block's contribution ``y − x`` — FP8 caches and activations alone differ by this much;
+* a whole block (its contribution ``y − x``) on the kernels vs the same block emulated, and vs
+  the reference backend (bf16 caches, other activation rounding): ``FP8_TOL``. Within a block the
+  attention output is quantized to FP8 again before the output projection, so the kernels' 0.25 %
+  difference flips FP8 roundings and reappears at the FP8 noise level (~4 % at these widths,
+  measured); the attention kernels themselves are held to ``KERNEL_TOL`` above;
 * a decode step replayed from a CUDA graph vs the same step run eagerly: ``GRAPH_TOL``.
 
 Writes ``deepseek_check.json`` (versions, which paths ran, every result) and prints a table.
@@ -382,7 +384,7 @@ def check_block(c: Checker, kind: Any) -> dict[str, Any]:
         out_r += [ref.decode(x, rpool, [0, 1]) for x, _ in runs["auto"][len(chunks) :]]
         res["vs_reference"] = rel_err(_deltas(inputs, out_k), _deltas(inputs, out_r))
     res["attention_paths"] = sorted(flashmla.used)
-    res["ok"] = res["kernel_vs_emulated"] <= KERNEL_TOL and res.get("vs_reference", 0) <= FP8_TOL
+    res["ok"] = res["kernel_vs_emulated"] <= FP8_TOL and res.get("vs_reference", 0) <= FP8_TOL
     return res
 
 

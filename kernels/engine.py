@@ -348,8 +348,17 @@ class EngineCore:
         self.free_slot(slot)
 
     # ---- the replay loop --------------------------------------------------------------------
-    def run(self, requests: Any, *, warmup: bool = True) -> EngineResult:
-        """Replay ``requests`` (rows of ``(arrival_s, prompt_len, output_len)``) in real time."""
+    def run(self, requests: Any, *, warmup: bool = True, mode: Mode | None = None) -> EngineResult:
+        """Replay ``requests`` (rows of ``(arrival_s, prompt_len, output_len)``) in real time
+        (in ``mode`` if given, else the engine's)."""
+        saved = self.mode
+        self.mode = mode or saved
+        try:
+            return self._run(requests, warmup)
+        finally:
+            self.mode = saved
+
+    def _run(self, requests: Any, warmup: bool) -> EngineResult:
         req = np.asarray(requests, dtype=float).reshape(-1, 3)
         n_req = req.shape[0]
         order = np.argsort(req[:, 0], kind="stable")

@@ -109,13 +109,13 @@ class ProfileStepCost(StepCost):
         eng = coefs.engine_overhead
         if eager:  # the engine core's own host time per step (see EngineOverhead)
             self._pre = (
-                self._pre[0] + eng.prefill_step_s,
+                self._pre[0] + eng.prefill_step_s + eng.prefill_loop_s,
                 self._pre[1] + eng.prefill_per_token_s,
                 *self._pre[2:],
             )
             self._pre_seq = eng.prefill_per_seq_s
-            self._dec_const += eng.decode_step_s
-            self._dec_seq += eng.decode_per_seq_s
+            self._dec_const += eng.decode_step_s + eng.decode_loop_s
+            self._dec_seq += eng.decode_per_seq_s + eng.decode_loop_per_seq_s
             self._dec_kv += eng.decode_per_kv_token_s
         else:
             self._pre_seq = 0.0

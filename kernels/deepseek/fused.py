@@ -249,17 +249,20 @@ try:
         h = tl.arange(0, HI)
         d = tl.arange(0, DI)
         q = tl.load(IQ + r * stride_iq + h[:, None] * DI + d[None, :])
-        w = tl.load(IW + r * stride_iw + h).to(tl.float32)
+        w = tl.load(IW + r * stride_iw + h).to(tl.float32)  # work ∝ visible entries, not cap
         e = eb * BLOCK_E + tl.arange(0, BLOCK_E)
-        k = tl.load(
-            KEYS + slot * key_slot_stride + e[:, None] * DI + d[None, :],
-            mask=(e < cap)[:, None],
-            other=0.0,
-        )
-        sc = tl.maximum(tl.dot(q, tl.trans(k)), 0.0)  # [HI, BLOCK_E]
-        val = tl.sum(sc * w[:, None], axis=0) + e.to(tl.float32) * tie
-        val = tl.where(e < vis, val, float("-inf"))
-        tl.store(OUT + r * cap + e, val, mask=e < cap)
+        if eb * BLOCK_E < vis:  # a block with a visible entry: score it
+            k = tl.load(
+                KEYS + slot * key_slot_stride + e[:, None] * DI + d[None, :],
+                mask=(e < vis)[:, None],
+                other=0.0,
+            )
+            sc = tl.maximum(tl.dot(q, tl.trans(k)), 0.0)  # [HI, BLOCK_E]
+            val = tl.sum(sc * w[:, None], axis=0) + e.to(tl.float32) * tie
+            val = tl.where(e < vis, val, float("-inf"))
+            tl.store(OUT + r * cap + e, val, mask=e < cap)
+        else:  # beyond this sequence's entries (the batch's longest sets cap): no key reads
+            tl.store(OUT + r * cap + e, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=e < cap)
 
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
