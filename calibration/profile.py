@@ -123,6 +123,11 @@ class EngineOverhead(FrozenModel):
     prefill_step_s: float = Field(0.0, ge=0)
     prefill_per_seq_s: float = Field(0.0, ge=0)
     prefill_per_token_s: float = Field(0.0, ge=0)
+    # eager prefill whose host work overlaps the GPU's: step = max(GPU model, host) + loop; the
+    # host time of a step is prefill_host_s + per prompt + per token (0: the additive form above)
+    prefill_host_s: float = Field(0.0, ge=0)
+    prefill_host_per_seq_s: float = Field(0.0, ge=0)
+    prefill_host_per_token_s: float = Field(0.0, ge=0)
     # the replay loop's bookkeeping between two steps (admission, acceptance, slot upkeep)
     decode_loop_s: float = Field(0.0, ge=0)
     decode_loop_per_seq_s: float = Field(0.0, ge=0)

@@ -186,6 +186,23 @@ def replay(
     return report
 
 
+def recheck(
+    profile: Profile, folder: Path, report: dict[str, Any], shape: ReplayShape | None = None
+) -> dict[str, Any]:
+    """The errors of every stored repeat (``replay_<trace>_<phase>.csv``) re-simulated with
+    ``profile``, in the report's layout: what a CPU test compares with the stored report."""
+    shape = shape or ReplayShape(**report["shape"])
+    out: dict[str, Any] = {}
+    for trace, phases in report["traces"].items():
+        for phase in phases:
+            frame = pd.read_csv(folder / f"replay_{trace}_{phase}.csv")
+            simulated = PHASES[phase][1](frame, profile, shape)
+            cols = sorted(c for c in frame.columns if c.startswith("measured_s_"))
+            runs = [errors(frame[c].to_numpy(), simulated) for c in cols]
+            out.setdefault(trace, {})[phase] = {"median": summarize(runs), "runs": runs}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", required=True)

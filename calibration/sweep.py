@@ -34,7 +34,7 @@ from datetime import date
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from scipy.optimize import lsq_linear
+from scipy.optimize import least_squares, lsq_linear
 
 from ..models.cost import StepParams
 from .fit import fit_decode, fit_linear_latency, fit_moe, fit_prefill
@@ -477,7 +477,7 @@ def fit_engine_overhead(
         a, s, k = (float(v) for v in res.x / scale)
         fitted[phase] = (a, s, k)
     loop = fit_loop_gaps(rows)
-    return EngineOverhead(
+    additive = EngineOverhead(
         **loop,
         prefill_step_s=fitted["prefill"][0],
         prefill_per_seq_s=fitted["prefill"][1],
@@ -486,6 +486,45 @@ def fit_engine_overhead(
         decode_per_seq_s=fitted["decode"][1],
         decode_per_kv_token_s=fitted["decode"][2],
     )
+    pre = [r for r in rows if r[0] == "prefill"]
+    if len(pre) < 3:
+        return additive
+    # the other form for the eager prefill: the host's launches overlap the GPU's work,
+    # step = max(GPU model, host) with host = h0 + h·prompts + h·tokens; the form that fits the
+    # timed steps better is kept
+    gpu = ProfileStepCost(
+        stack, load_hardware(hardware), PoolShape(1, 0), coefs,
+        StepParams(comm_overlap=0.0, step_overhead_s=0.0),
+    )  # fmt: skip
+    G = np.array([gpu.prefill_step([[(n, 0)] * b]) for _, b, n, _, _ in pre])
+    F = np.array([(1.0, b, b * n) for _, b, n, _, _ in pre], dtype=float)
+    t_pre = np.array([r[4] for r in pre])
+    scale = F.max(axis=0)
+
+    def rel_gap(h: np.ndarray) -> np.ndarray:
+        return (np.maximum(G, (F / scale) @ h) - t_pre) / t_pre
+
+    h = least_squares(rel_gap, np.full(3, float(t_pre.min())), bounds=(0, np.inf)).x / scale
+    overlap = additive.model_copy(
+        update={
+            "prefill_step_s": 0.0,
+            "prefill_per_seq_s": 0.0,
+            "prefill_per_token_s": 0.0,
+            "prefill_host_s": float(h[0]),
+            "prefill_host_per_seq_s": float(h[1]),
+            "prefill_host_per_token_s": float(h[2]),
+        }
+    )
+    errs = []
+    for form in (additive, overlap):
+        c = ProfileStepCost(
+            stack, load_hardware(hardware), PoolShape(1, 0),
+            coefs.model_copy(update={"engine_overhead": form}),
+            StepParams(comm_overlap=0.0, step_overhead_s=0.0), eager=True,
+        )  # fmt: skip
+        steps = np.array([c.prefill_step([[(n, 0)] * b]) for _, b, n, _, _ in pre]) - c._pre_loop
+        errs.append(float(np.mean(np.abs(steps / t_pre - 1))))
+    return overlap if errs[1] < errs[0] else additive
 
 
 def fit_loop_gaps(rows: list[EngineRow]) -> dict[str, float]:

@@ -59,6 +59,17 @@ class ProfileStepCost(StepCost):
             return table[kind]
 
         host = coefs.host_overhead_s
+        eng = coefs.engine_overhead
+        # eager prefill, overlap form: host launches run while the GPU works (see prefill_step)
+        overlap = eager and (
+            eng.prefill_host_s + eng.prefill_host_per_seq_s + eng.prefill_host_per_token_s > 0
+        )
+        self._pre_host = (
+            (eng.prefill_host_s, eng.prefill_host_per_seq_s, eng.prefill_host_per_token_s)
+            if overlap
+            else None
+        )
+        self._pre_loop = eng.prefill_loop_s if eager else 0.0
 
         def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
@@ -72,9 +83,10 @@ class ProfileStepCost(StepCost):
                 E += g.count * c.e
             return A, B, C, D, E
 
-        self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], host.prefill)
+        pre_host = 0.0 if overlap else host.prefill
+        self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], pre_host)
         replay_groups = [g for g in model.layer_groups if not g.in_prefill]
-        self._rep = layer_sum(replay_groups, host.prefill) if replay_groups else None
+        self._rep = layer_sum(replay_groups, pre_host) if replay_groups else None
         # decode: group layer counts by kind, then per kind (count·w, count·b, τ) for the max()
         # term; the linear terms of all kinds fold into four sums
         counts: dict[str, int] = {}
@@ -98,7 +110,11 @@ class ProfileStepCost(StepCost):
         m = coefs.moe
         self._moe_const = m.a
         self._moe_host = {
-            ph: host.moe if eager and not (graphed_decode and ph == "decode") else 0.0
+            ph: host.moe
+            if eager
+            and not (graphed_decode and ph == "decode")
+            and not (overlap and ph == "prefill")
+            else 0.0
             for ph in PHASES
         }
         self._moe_e = m.e
@@ -106,22 +122,36 @@ class ProfileStepCost(StepCost):
         self._moe_pair = m.f
         self._moe_tile = m.tile if m.form == "tile" else 1
         self._top_k = model.moe.top_k
-        eng = coefs.engine_overhead
-        if eager:  # the engine core's own host time per step (see EngineOverhead)
+        if eager and not overlap:  # the engine core's own host time per step (EngineOverhead)
             self._pre = (
                 self._pre[0] + eng.prefill_step_s + eng.prefill_loop_s,
                 self._pre[1] + eng.prefill_per_token_s,
                 *self._pre[2:],
             )
             self._pre_seq = eng.prefill_per_seq_s
+        else:
+            self._pre_seq = 0.0
+        if eager:
             self._dec_const += eng.decode_step_s + eng.decode_loop_s
             self._dec_seq += eng.decode_per_seq_s + eng.decode_loop_per_seq_s
             self._dec_kv += eng.decode_per_kv_token_s
-        else:
-            self._pre_seq = 0.0
         self._moe_layers = {ph: model.moe_layer_count(ph) for ph in PHASES}
         a2a = coefs.a2a
         self._a2a = AllToAll(model, hw, shape.ep, a2a.latency_s, a2a.link_efficiency)
+
+    def prefill_step(
+        self,
+        ranks: Sequence[Sequence[Chunk]],
+        imbalance: float = 1.0,
+        replay: Sequence[Sequence[Chunk]] = (),
+    ) -> float:
+        t = super().prefill_step(ranks, imbalance, replay)
+        if self._pre_host is None:
+            return t
+        h0, h_seq, h_tok = self._pre_host
+        seqs = sum(len(c) for c in ranks)
+        tokens = sum(n for c in ranks for n, _ in c)
+        return max(t, h0 + h_seq * seqs + h_tok * tokens) + self._pre_loop
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
         A, B, C, D, E = self._pre

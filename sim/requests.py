@@ -94,9 +94,11 @@ class RequestTable:
                 "input_tokens": self.input_len,
                 "output_tokens": out,
                 "images": src.image_count,
-                "state": pd.Categorical.from_codes(self.state, [s.name.lower() for s in State]),
+                "state": pd.Categorical.from_codes(
+                    self.state, pd.Index([s.name.lower() for s in State])
+                ),
                 "reject_reason": pd.Categorical.from_codes(
-                    self.reject_reason, [r.name.lower() for r in RejectReason]
+                    self.reject_reason, pd.Index([r.name.lower() for r in RejectReason])
                 ),
                 "vision_instance": self.vision_instance,
                 "prefill_instance": self.prefill_instance,
@@ -122,7 +124,7 @@ class RequestTable:
                 "prefix_hit_tokens": self.hit_tokens,
                 "tier": self.tier,
                 "swa": pd.Categorical.from_codes(
-                    self.swa_lookup, ["none", "miss", "local", "remote"]
+                    self.swa_lookup, pd.Index(["none", "miss", "local", "remote"])
                 ),
                 "encoder_replay_tokens": self.enc_replay,
                 "decoder_replay_tokens": self.dec_replay,

@@ -434,7 +434,7 @@ class RequestSource:
                 "output_len": self.output_len,
                 "n_blocks": self.n_blocks,
                 "traffic_class": pd.Categorical.from_codes(
-                    self.traffic_class.astype(np.int64), categories=list(self.class_names)
+                    self.traffic_class.astype(np.int64), categories=pd.Index(list(self.class_names))
                 ),
                 "image_count": self.image_count,
                 "session_id": self.session_id,

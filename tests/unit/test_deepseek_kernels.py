@@ -209,3 +209,28 @@ def test_engine_core_runs_on_the_deepseek_backend():
     assert int(res.requests["generated"].sum()) == 5 + 2 + 4 + 3
     with pytest.raises(ValueError, match="CUDA-graph"):
         EngineCore(SHAPE, device="cpu", backend="deepseek", graphs=True)
+
+
+def test_the_gpu_check_runs_its_plumbing_on_the_cpu(tmp_path):
+    """``deepseek_check --toy --device cpu``: every check runs (kernels emulated, GPU-only ones
+    skipped with a reason) and the JSON report is written."""
+    import json
+
+    from deepinfer_sim.kernels import deepseek_check
+
+    assert deepseek_check.main(["--out", str(tmp_path), "--toy", "--device", "cpu"]) == 0
+    report = json.loads((tmp_path / "deepseek_check.json").read_text())
+    names = {r["name"] for r in report["results"]}
+    assert {"block csa", "block mla", "fused decode kernels (Triton vs torch)"} <= names
+    assert all(r["ok"] for r in report["results"])
+
+
+@pytest.mark.gpu
+def test_the_gpu_check_passes_on_a_gpu(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip(
+            "needs a CUDA device (kernels/deepseek_check.py runs in calibration/device_run.sh)"
+        )
+    from deepinfer_sim.kernels import deepseek_check
+
+    assert deepseek_check.main(["--out", str(tmp_path)]) == 0

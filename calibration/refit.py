@@ -1,0 +1,101 @@
+"""Re-fit a measured profile's engine-core model from the raw engine steps it keeps.
+
+    python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--a2a-from PROFILE]
+
+A profile keeps its raw measurements, so a better fit form needs no new GPU time: this re-runs
+``sweep.fit_engine_overhead`` (the engine core's host time per step, the replay loop's gaps, and
+the choice between the additive and the overlapping eager-prefill forms) on every model's stored
+``raw.engine`` rows, against that model's kernel fits, and writes the profile back with a note
+in its provenance. Kernel fits are left as measured.
+
+``--a2a-from`` carries a measured all-to-all (latency and link efficiency of NCCL between two
+GPUs of the same kind, and its raw points) into a profile measured on one GPU, whose all-to-all
+is only modelled; the provenance says from where.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..models.registry import load_model
+from .profile import EngineOverhead, Profile, load_profile, write_profile
+from .sweep import engine_stack, fit_engine_overhead
+
+
+def refit_engine(profile: Profile) -> Profile:
+    if profile.provenance.kind != "measured":
+        raise ValueError("only a measured profile has raw engine steps to re-fit")
+    models = {}
+    for name, fits in profile.models.items():
+        rows = [
+            (str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]))
+            for r in fits.raw.get("engine", [])
+        ]
+        hardware = {}
+        for hw, coefs in fits.hardware.items():
+            if rows:
+                bare = coefs.model_copy(update={"engine_overhead": EngineOverhead()})
+                eng = fit_engine_overhead(bare, hw, rows, engine_stack(load_model(name)))
+                coefs = coefs.model_copy(update={"engine_overhead": eng})
+            hardware[hw] = coefs
+        models[name] = fits.model_copy(update={"hardware": hardware})
+    note = profile.provenance.note + "; engine-core model re-fitted from raw.engine (refit.py)"
+    return profile.model_copy(
+        update={
+            "models": models,
+            "provenance": profile.provenance.model_copy(update={"note": note}),
+        }
+    )
+
+
+def carry_a2a(profile: Profile, source: Profile) -> Profile:
+    """``profile`` with the measured all-to-all of ``source`` (same device) in every model."""
+    (src,) = source.models.values() if len(source.models) == 1 else (None,)
+    if src is None or not all(c.a2a.measured for c in src.hardware.values()):
+        raise ValueError(f"{source.name} has no single measured all-to-all to carry")
+    if source.provenance.device != profile.provenance.device:
+        raise ValueError("the all-to-all must come from the same kind of device")
+    models = {}
+    for name, fits in profile.models.items():
+        hardware = {
+            hw: c.model_copy(update={"a2a": src.hardware[hw].a2a})
+            for hw, c in fits.hardware.items()
+        }
+        raw = {**fits.raw, "a2a": src.raw.get("a2a", [])}
+        models[name] = fits.model_copy(update={"hardware": hardware, "raw": raw})
+    note = (
+        profile.provenance.note
+        + f"; all-to-all measured over NCCL between two GPUs, carried from {source.name}"
+        + f" ({source.provenance.date})"
+    )
+    return profile.model_copy(
+        update={
+            "models": models,
+            "provenance": profile.provenance.model_copy(update={"note": note}),
+        }
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    a2a = None
+    if "--a2a-from" in args:
+        i = args.index("--a2a-from")
+        a2a = args[i + 1]
+        del args[i : i + 2]
+    if len(args) != 2:
+        print(
+            "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--a2a-from P]",
+            file=sys.stderr,
+        )
+        return 2
+    profile = refit_engine(load_profile(args[0]))
+    if a2a:
+        profile = carry_a2a(profile, load_profile(a2a))
+    write_profile(profile, Path(args[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

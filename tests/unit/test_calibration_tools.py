@@ -1,0 +1,59 @@
+"""Calibration tools that need no GPU: the kernel table's roofline and rendering, and re-fitting
+a measured profile from the raw data it keeps."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from deepinfer_sim.calibration.kernel_table import decode_work, prefill_work, render
+from deepinfer_sim.calibration.profile import load_profile
+from deepinfer_sim.calibration.refit import carry_a2a, refit_engine
+from deepinfer_sim.kernels.shapes import LayerShape
+from deepinfer_sim.models.registry import load_model
+
+VALIDATION = Path(str(resources.files("deepinfer_sim.calibration"))) / "validation"
+
+
+def test_roofline_counts_what_a_layer_moves_and_computes():
+    """Decode at batch 64: the weights are read once whatever the batch, the KV per sequence;
+    FLOPs grow with the query tokens. HCA reads every compressed entry, CSA a fixed top-k."""
+    s = LayerShape.from_model(load_model("deepseek-v4.1-flash"), local_experts=8)
+    one, six = decode_work(s, "csa", 64, 8192, 1), decode_work(s, "csa", 64, 8192, 6)
+    assert six.bytes == one.bytes and six.flops_fp8 == pytest.approx(6 * one.flops_fp8)
+    short, long = decode_work(s, "hca", 64, 8192, 1), decode_work(s, "hca", 64, 65536, 1)
+    assert long.bytes > short.bytes  # every entry read
+    c_short, c_long = decode_work(s, "csa", 1, 8192, 1), decode_work(s, "csa", 1, 65536, 1)
+    assert c_long.flops_bf16 > c_short.flops_bf16  # the indexer scores every entry
+    assert prefill_work(s, "csa", 8192).flops_fp8 == pytest.approx(
+        2 * 8192 * (prefill_work(s, "csa", 1).flops_fp8 / 2)
+    )
+
+
+def test_the_shipped_kernel_table_renders():
+    data = json.loads((VALIDATION / "h200-deepseek" / "kernel_table.json").read_text())
+    table = render(data)
+    assert "| csa (deepseek-v4.1-flash) | 1,089 | 230 |" in table
+    assert "| mla (deepseek-v3) | — | 475 |" in table
+
+
+def test_refitting_the_shipped_profile_changes_nothing():
+    """h200-deepseek's engine-core model is what refit.py fits from its own raw engine steps."""
+    prof = load_profile("h200-deepseek")
+    again = refit_engine(prof)
+    for name, fits in prof.models.items():
+        for hw, coefs in fits.hardware.items():
+            new = again.models[name].hardware[hw].engine_overhead
+            for key, value in coefs.engine_overhead.model_dump().items():
+                assert getattr(new, key) == pytest.approx(value, rel=1e-6, abs=1e-12), key
+
+
+def test_a_measured_all_to_all_is_carried_only_from_the_same_device():
+    prof = load_profile("h200-deepseek")
+    carried = carry_a2a(prof, load_profile("h200-reference"))
+    assert all(c.a2a.measured for f in carried.models.values() for c in f.hardware.values())
+    with pytest.raises(ValueError, match="no single measured"):
+        carry_a2a(prof, load_profile("sm100-derived"))
