@@ -56,6 +56,7 @@ import torch
 
 from . import triton_indexer
 from ._util import as_device, default_dtype, empty, generator, next_pow2, randn, rms_norm, to_device
+from .block import LayerBlock
 from .cache import KVPool
 from .linear import GroupedLinear, Linear
 from .shapes import Kind, LayerShape
@@ -377,7 +378,7 @@ class DecodePlan:
 # ---- the layer -----------------------------------------------------------------------------------
 
 
-class AttentionBlock:
+class AttentionBlock(LayerBlock):
     """Everything of one layer except the routed experts.
 
     ``y = x + O(attn(RMSNorm(x)))``, then ``y + SharedExpert(RMSNorm(y))`` (SwiGLU, width
@@ -470,31 +471,6 @@ class AttentionBlock:
         if isinstance(share, DecodePlan):
             return share
         return DecodePlan.from_pool(pool, seqs, v, min_bucket)
-
-    def prefill(
-        self, x: torch.Tensor, pool: KVPool, seq: int, *, return_ffn_input: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``x [n, hidden]``: n new tokens of sequence ``seq`` after its cached prefix."""
-        return self.forward(x, pool, prefill=[(seq, x.shape[0])], return_ffn_input=return_ffn_input)
-
-    def decode(
-        self,
-        x: torch.Tensor,
-        pool: KVPool,
-        plan: DecodePlan | np.ndarray | list[int],
-        *,
-        return_ffn_input: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``x [B, v, hidden]``: v new tokens for each of B sequences (``DecodePlan`` or slots)."""
-        b, v, dmodel = x.shape
-        if not isinstance(plan, DecodePlan):
-            plan = DecodePlan.from_pool(pool, np.asarray(plan), v)
-        res = self.forward(
-            x.reshape(b * v, dmodel), pool, decode=plan, return_ffn_input=return_ffn_input
-        )
-        if isinstance(res, tuple):
-            return res[0].view(b, v, dmodel), res[1].view(b, v, dmodel)
-        return res.view(b, v, dmodel)
 
     def forward(
         self,

@@ -142,20 +142,38 @@ class MoEBlock:
         t, d = x.shape
         if t == 0:
             return x.new_zeros((0, d))
-        e, f = self.shape.local_experts, self.shape.expert_width
-        k = topk_ids.shape[1]
-        flat = topk_ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        tok = torch.div(order, k, rounding_mode="floor")
-        counts = torch.zeros(e, dtype=torch.int64, device=x.device)
-        counts.scatter_add_(0, flat, torch.ones_like(flat))
-        offs = torch.cumsum(counts, 0).to(torch.int32)
+        f = self.shape.expert_width
+        order, tok, offs = self.sort_by_expert(topk_ids)
         xs = x.index_select(0, tok)
         h = self._gmm(xs, 13, offs, self.path)  # [T*k, 2F]
         a = torch.nn.functional.silu(h[:, :f]) * h[:, f:]
         y = self._gmm(a, 2, offs, self.path)  # [T*k, D]
+        return self.combine(y, order, tok, topk_weights, t)
+
+    def sort_by_expert(
+        self, topk_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(order of the token-expert pairs sorted by expert, their tokens, cumulative
+        per-expert offsets as int32) — no host sync."""
+        k = topk_ids.shape[1]
+        flat = topk_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tok = torch.div(order, k, rounding_mode="floor")
+        counts = torch.zeros(self.shape.local_experts, dtype=torch.int64, device=flat.device)
+        counts.scatter_add_(0, flat, torch.ones_like(flat))
+        return order, tok, torch.cumsum(counts, 0).to(torch.int32)
+
+    def combine(
+        self,
+        y: torch.Tensor,
+        order: torch.Tensor,
+        tok: torch.Tensor,
+        topk_weights: torch.Tensor,
+        t: int,
+    ) -> torch.Tensor:
+        """Σ over a token's experts of weight × expert output, in float32, as ``[t, D]``."""
         wsort = topk_weights.reshape(-1).index_select(0, order).float()
-        out = torch.zeros((t, d), dtype=torch.float32, device=x.device)
+        out = torch.zeros((t, y.shape[1]), dtype=torch.float32, device=y.device)
         out.index_add_(0, tok, y.float() * wsort.unsqueeze(1))
         return out.to(self.dtype)
 

@@ -259,3 +259,30 @@ class GroupedFP8Linear:
             return y[:, :m].transpose(0, 1).reshape(m, -1)
         outs = [fp8_gemm(xq[g], xs[g], wq, ws)[:m] for g, (wq, ws) in enumerate(self.parts)]
         return torch.cat(outs, dim=1)
+
+
+def residual_and_shared_expert(
+    x: torch.Tensor,
+    proj: torch.Tensor,
+    ffn_norm: torch.Tensor,
+    w_gate_up: FP8Linear | None,
+    w_down: FP8Linear | None,
+    fp8: bool,
+    return_ffn_input: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The end of a layer after its attention's output projection ``proj``: y = x + proj (fused
+    into the RMSNorm + quantization of the FFN input), then y + SharedExpert(RMSNorm(y)), SwiGLU
+    fused into the second quantization. Returns y, or (y, the FFN input) for the routed experts."""
+    t = x.shape[0]
+    y = torch.empty_like(x)
+    zq, zs, z = quantize_rows(
+        proj, norm_weight=ffn_norm, want_bf16=return_ffn_input, fp8=fp8, residual=x, sum_out=y
+    )
+    if w_gate_up is not None and w_down is not None:
+        gu = w_gate_up.one(zq[0], zs[0], t)
+        aq, as_, _ = quantize_rows(gu, silu=True, fp8=fp8)
+        y = y + w_down.one(aq[0], as_[0], t).to(y.dtype)
+    if return_ffn_input:
+        assert z is not None
+        return y, z[0, :t].to(x.dtype)
+    return y

@@ -29,10 +29,11 @@ import numpy as np
 import torch
 
 from .._util import as_device, default_dtype, generator, randn, rms_norm
+from ..block import LayerBlock
 from ..cache import SlotBook
 from ..shapes import LayerShape
 from . import flashmla
-from .fp8 import FP8Linear, quantize_rows
+from .fp8 import FP8Linear, quantize_rows, residual_and_shared_expert
 from .plan import DevicePlan
 
 PAGE = 64  # FlashMLA's dense decode page size
@@ -95,7 +96,7 @@ class MLADecodePlan(DevicePlan):
         return cls(slots, lengths, v, slots_t, lengths_t, cap)
 
 
-class MLABlock:
+class MLABlock(LayerBlock):
     """Attention (MLA) + shared expert of one V3 layer."""
 
     def __init__(
@@ -164,29 +165,6 @@ class MLABlock:
     ) -> MLADecodePlan:
         return MLADecodePlan.build(pool, seqs, v, share)
 
-    def prefill(
-        self, x: torch.Tensor, pool: MLAPool, seq: int, *, return_ffn_input: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(x, pool, prefill=[(seq, x.shape[0])], return_ffn_input=return_ffn_input)
-
-    def decode(
-        self,
-        x: torch.Tensor,
-        pool: MLAPool,
-        plan: MLADecodePlan | np.ndarray | list[int],
-        *,
-        return_ffn_input: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        b, v, dmodel = x.shape
-        if not isinstance(plan, MLADecodePlan):
-            plan = self.plan_decode(pool, np.asarray(plan), v)
-        res = self.forward(
-            x.reshape(b * v, dmodel), pool, decode=plan, return_ffn_input=return_ffn_input
-        )
-        if isinstance(res, tuple):
-            return res[0].view(b, v, dmodel), res[1].view(b, v, dmodel)
-        return res.view(b, v, dmodel)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -218,18 +196,10 @@ class MLABlock:
             att[sl] = self._decode_attention(pool, decode, q[sl], latent[sl])
             pool.lengths[decode.slots] += decode.v
         aq, as_, _ = quantize_rows(att.view(t, -1), fp8=self.fp8)
-        y = x + self.w_o.one(aq[0], as_[0], t).to(x.dtype)
-        zq, zs, z = quantize_rows(
-            y, norm_weight=self.ffn_norm, want_bf16=return_ffn_input, fp8=self.fp8
+        proj = self.w_o.one(aq[0], as_[0], t)
+        return residual_and_shared_expert(
+            x, proj, self.ffn_norm, self.w_gu, self.w_down, self.fp8, return_ffn_input
         )
-        if self.w_gu is not None and self.w_down is not None:
-            gu = self.w_gu.one(zq[0], zs[0], t)
-            gq, gs, _ = quantize_rows(gu, silu=True, fp8=self.fp8)
-            y = y + self.w_down.one(gq[0], gs[0], t).to(y.dtype)
-        if return_ffn_input:
-            assert z is not None
-            return y, z[0, :t].to(x.dtype)
-        return y
 
     def _prefill_attention(
         self, pool: MLAPool, seq: int, q: torch.Tensor, latent: torch.Tensor

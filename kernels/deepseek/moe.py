@@ -42,20 +42,10 @@ class DSMoEBlock(MoEBlock):
         t, d = x.shape
         if t == 0:
             return x.new_zeros((0, d))
-        e = self.shape.local_experts
-        k = topk_ids.shape[1]
-        flat = topk_ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        tok = torch.div(order, k, rounding_mode="floor")
-        counts = torch.zeros(e, dtype=torch.int64, device=x.device)
-        counts.scatter_add_(0, flat, torch.ones_like(flat))
-        offs = torch.cumsum(counts, 0).to(torch.int32)
+        order, tok, offs = self.sort_by_expert(topk_ids)
         xq, xs, _ = quantize_rows(x)
         h = self._grouped(xq[0].index_select(0, tok), xs[0].index_select(0, tok), 13, offs)
         r = h.shape[0]
         gq, gs, _ = quantize_rows(h, silu=True)
         y = self._grouped(gq[0, :r], gs[0, :r], 2, offs)
-        wsort = topk_weights.reshape(-1).index_select(0, order).float()
-        out = torch.zeros((t, d), dtype=torch.float32, device=x.device)
-        out.index_add_(0, tok, y.float() * wsort.unsqueeze(1))
-        return out.to(self.dtype)
+        return self.combine(y, order, tok, topk_weights, t)

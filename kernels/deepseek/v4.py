@@ -34,10 +34,11 @@ import torch
 
 from .._util import as_device, default_dtype, empty, next_pow2
 from ..attention import TIE_BREAK, AttentionBlock, compress_groups, indexer_scores
+from ..block import LayerBlock
 from ..cache import SlotBook
 from ..shapes import Kind, LayerShape
 from . import flashmla, fused
-from .fp8 import FP8Linear, GroupedFP8Linear, quantize_rows
+from .fp8 import FP8Linear, GroupedFP8Linear, quantize_rows, residual_and_shared_expert
 from .layout import Model1Cache, Model1Layout
 from .plan import DevicePlan
 
@@ -137,7 +138,7 @@ class DSDecodePlan(DevicePlan):
         return cls(slots, lengths, v, slots_t, lengths_t, caps, sched)
 
 
-class DSAttentionBlock:
+class DSAttentionBlock(LayerBlock):
     """Attention + shared expert of one V4 layer on FlashMLA and fused FP8 projections."""
 
     def __init__(
@@ -195,30 +196,7 @@ class DSAttentionBlock:
     ) -> DSDecodePlan:
         return DSDecodePlan.build(pool, seqs, v, share)
 
-    # ---- public entry points (as AttentionBlock) ----
-    def prefill(
-        self, x: torch.Tensor, pool: DSPool, seq: int, *, return_ffn_input: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return self.forward(x, pool, prefill=[(seq, x.shape[0])], return_ffn_input=return_ffn_input)
-
-    def decode(
-        self,
-        x: torch.Tensor,
-        pool: DSPool,
-        plan: DSDecodePlan | np.ndarray | list[int],
-        *,
-        return_ffn_input: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        b, v, dmodel = x.shape
-        if not isinstance(plan, DSDecodePlan):
-            plan = self.plan_decode(pool, np.asarray(plan), v)
-        res = self.forward(
-            x.reshape(b * v, dmodel), pool, decode=plan, return_ffn_input=return_ffn_input
-        )
-        if isinstance(res, tuple):
-            return res[0].view(b, v, dmodel), res[1].view(b, v, dmodel)
-        return res.view(b, v, dmodel)
-
+    # ---- the mixed batch (prefill() and decode() come from LayerBlock) ----
     def forward(
         self,
         x: torch.Tensor,
@@ -258,19 +236,9 @@ class DSAttentionBlock:
         o = self.wo_a(oq, os_, t)
         o2q, o2s, _ = quantize_rows(o, fp8=fp8)
         proj = self.wo_b.one(o2q[0], o2s[0], t)
-        y = torch.empty_like(x)
-        zq, zs, z = quantize_rows(
-            proj, norm_weight=r.ffn_norm, want_bf16=return_ffn_input, fp8=fp8, residual=x,
-            sum_out=y,
-        )  # fmt: skip
-        if self.w_gu is not None and self.w_down is not None:
-            gu = self.w_gu.one(zq[0], zs[0], t)
-            aq, as_, _ = quantize_rows(gu, silu=True, fp8=fp8)
-            y = y + self.w_down.one(aq[0], as_[0], t).to(y.dtype)
-        if return_ffn_input:
-            assert z is not None
-            return y, z[0, :t].to(x.dtype)
-        return y
+        return residual_and_shared_expert(
+            x, proj, r.ffn_norm, self.w_gu, self.w_down, fp8, return_ffn_input
+        )
 
     # ---- prefill ----
     def _prefill_attention(
