@@ -13,6 +13,12 @@ Nothing here is imported by the simulator; it needs ``torch`` (the ``calibrate``
 ``vision``             ``VisionEncoder``: SigLIP-SO400M-scale ViT (the VE stage)
 ``engine``             ``EngineCore``: continuous batching over a reduced stack, real-time replay
 ``reference``          float64 references of all of the above (tests, ``gpu_check``)
+``backend``            kernel backends by name: ``reference`` (the modules above), ``deepseek``
+``block``              ``LayerBlock``: the prefill / decode entry points every block shares
+``deepseek/``          DeepSeek's kernels: FlashMLA (sparse MODEL1 FP8, dense MLA), fused FP8
+                       projections and decode kernels (Triton), V4 and V3 (MLA) blocks
+``deepseek_check``     ``python -m deepinfer_sim.kernels.deepseek_check --out DIR``: the deepseek
+                       backend against its emulation and the reference, decode profiles
 ``gpu_check``          ``python -m deepinfer_sim.kernels.gpu_check --out DIR``: smoke test + timing
 =====================  ==========================================================================
 
