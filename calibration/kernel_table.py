@@ -118,6 +118,7 @@ def measure(device: str = "cuda") -> dict[str, Any]:
     """Time every row on both backends (GPU), plus the copy bandwidth and GEMM rates."""
     import torch
 
+    from ..kernels._util import gemm_rates
     from .torch_bench import TorchBench
 
     out: dict[str, Any] = {"rows": []}
@@ -140,7 +141,7 @@ def measure(device: str = "cuda") -> dict[str, Any]:
             if not rates_done:
                 bench.warmup()
                 out["copy_bytes_per_s"] = bench.copy_bandwidth()
-                out["fp8_flops"], out["bf16_flops"] = gemm_rates(torch, bench.device)
+                out["fp8_flops"], out["bf16_flops"] = gemm_rates(bench.device)
                 out["device"] = bench.device_name
                 rates_done = True
             row: dict[str, Any] = {"kind": kind, "backend": backend, "model": model}
@@ -158,24 +159,6 @@ def measure(device: str = "cuda") -> dict[str, Any]:
             del bench
             torch.cuda.empty_cache()
     return out
-
-
-def gemm_rates(torch: Any, device: Any, n: int = 8192) -> tuple[float, float]:
-    """Measured FP8 (``_scaled_mm``) and bf16 GEMM rates at n³, FLOP/s."""
-    from ..kernels._util import median_time
-
-    a = torch.randn((n, n), device=device, dtype=torch.bfloat16)
-    b = torch.randn((n, n), device=device, dtype=torch.bfloat16)
-    t16 = median_time(lambda: a @ b, device, warmup=3, repeat=10)
-    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
-    one = torch.ones((), device=device)
-    t8 = median_time(
-        lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
-        device,
-        warmup=3,
-        repeat=10,
-    )
-    return 2 * n**3 / t8, 2 * n**3 / t16
 
 
 def roofline_row(kind: str, data: dict[str, Any]) -> dict[str, float]:

@@ -522,7 +522,9 @@ def fit_engine_overhead(
             coefs.model_copy(update={"engine_overhead": form}),
             StepParams(comm_overlap=0.0, step_overhead_s=0.0), eager=True,
         )  # fmt: skip
-        steps = np.array([c.prefill_step([[(n, 0)] * b]) for _, b, n, _, _ in pre]) - c._pre_loop
+        steps = (
+            np.array([c.prefill_step([[(n, 0)] * b]) for _, b, n, _, _ in pre]) - c.prefill_loop_s
+        )
         errs.append(float(np.mean(np.abs(steps / t_pre - 1))))
     return overlap if errs[1] < errs[0] else additive
 

@@ -9,6 +9,7 @@
   ``non_blocking=True``: a plain ``torch.as_tensor(..., device="cuda")`` synchronizes the stream
   and would stall the host once per layer.
 * ``fp8_supported(device)``: ``torch._scaled_mm`` needs compute capability >= 8.9.
+* ``gemm_rates(device)``: the measured FP8 and bf16 GEMM rates (the compute ceilings).
 """
 
 from __future__ import annotations
@@ -151,3 +152,25 @@ class Timer:
 
     def __call__(self, fn: Any, *, warmup: int = 2, repeat: int = 5) -> float:
         return median_time(fn, self.device, warmup=warmup, repeat=repeat)
+
+
+def gemm_rates(
+    device: torch.device, n: int = 8192, *, warmup: int = 3, repeat: int = 10
+) -> tuple[float | None, float]:
+    """Measured (FP8 ``torch._scaled_mm`` or None where there is none, bf16) FLOP/s of an n³
+    GEMM on random data: the compute ceilings rooflines and checks compare against."""
+    dt = default_dtype(device)
+    a = torch.randn(n, n, device=device).to(dt)
+    b = torch.randn(n, n, device=device).to(dt)
+    t16 = median_time(lambda: a @ b, device, warmup=warmup, repeat=repeat)
+    if not fp8_supported(device):
+        return None, 2 * n**3 / t16
+    aq, bq = a.to(FP8), b.to(FP8)
+    one = torch.tensor(1.0, device=device)
+    t8 = median_time(
+        lambda: torch._scaled_mm(aq, bq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+        device,
+        warmup=warmup,
+        repeat=repeat,
+    )
+    return 2 * n**3 / t8, 2 * n**3 / t16

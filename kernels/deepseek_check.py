@@ -42,7 +42,7 @@ from ._util import as_device, rel_err, synchronize
 from .backend import get_backend
 from .deepseek import flashmla, fp8, versions
 from .deepseek.layout import Model1Cache, Model1Layout
-from .gpu_check import Checker
+from .gpu_check import Checker, _shape
 from .shapes import LayerShape
 
 KERNEL_TOL = 2e-2
@@ -52,9 +52,7 @@ GRAPH_TOL = 1e-3
 
 
 def _v4_shape(toy: bool, experts: int = 16) -> LayerShape:
-    if toy:
-        return LayerShape.toy()
-    return LayerShape.from_model(load_model("deepseek-v4.1-flash"), local_experts=experts)
+    return LayerShape.toy() if toy else _shape(False, experts)
 
 
 def _mla_shape(toy: bool) -> LayerShape:

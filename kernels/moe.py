@@ -102,17 +102,7 @@ class MoEBlock:
         """``[M, K] x expert weights -> [M, N]`` over the expert groups given by ``offs``."""
         if path == "scaled_grouped_mm":
             aq, a_s = quantize_rowwise(a)
-            wq = self._weights(which, quantized=True)
-            ws = self.w13_s if which == 13 else self.w2_s
-            out = torch._scaled_grouped_mm(
-                aq,
-                wq.transpose(-2, -1),
-                scale_a=a_s,
-                scale_b=ws,
-                offs=offs,
-                out_dtype=torch.bfloat16,
-            )
-            return out.to(self.dtype)
+            return self._scaled_gmm(aq, a_s, which, offs).to(self.dtype)
         if self.dtype_mode == "fp8":  # emulate the FP8 numbers: quantize the activations too
             aq, a_s = quantize_rowwise(a)
             a = dequantize_rowwise(aq, a_s, self.dtype)
@@ -120,6 +110,16 @@ class MoEBlock:
         if path == "grouped_mm":
             return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs)
         return _grouped_loop(a, w, offs)
+
+    def _scaled_gmm(
+        self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor
+    ) -> torch.Tensor:
+        """Row-scaled e4m3 rows × this rank's FP8 expert weights, grouped by ``offs``, in bf16."""
+        wq = self._weights(which, quantized=True)
+        ws = self.w13_s if which == 13 else self.w2_s
+        return torch._scaled_grouped_mm(
+            aq, wq.transpose(-2, -1), scale_a=a_s, scale_b=ws, offs=offs, out_dtype=torch.bfloat16
+        )
 
     # ---- public ----------------------------------------------------------------------------------
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -69,7 +69,7 @@ class ProfileStepCost(StepCost):
             if overlap
             else None
         )
-        self._pre_loop = eng.prefill_loop_s if eager else 0.0
+        self.prefill_loop_s = eng.prefill_loop_s if eager else 0.0
 
         def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
@@ -151,7 +151,7 @@ class ProfileStepCost(StepCost):
         h0, h_seq, h_tok = self._pre_host
         seqs = sum(len(c) for c in ranks)
         tokens = sum(n for c in ranks for n, _ in c)
-        return max(t, h0 + h_seq * seqs + h_tok * tokens) + self._pre_loop
+        return max(t, h0 + h_seq * seqs + h_tok * tokens) + self.prefill_loop_s
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
         A, B, C, D, E = self._pre

@@ -214,7 +214,6 @@ class FP8Linear:
     def __init__(self, weights: Sequence[torch.Tensor], fp8: bool = True) -> None:
         w = torch.cat([t.detach() for t in weights], dim=0)
         self.sizes = [int(t.shape[0]) for t in weights]
-        self.in_features = int(w.shape[1])
         self.wq, self.ws = quantize_weight(w, fp8)
 
     def __call__(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> list[torch.Tensor]:

@@ -20,17 +20,8 @@ class DSMoEBlock(MoEBlock):
     def _grouped(
         self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor
     ) -> torch.Tensor:
-        wq = self.w13_q if which == 13 else self.w2_q
-        ws = self.w13_s if which == 13 else self.w2_s
         if self.path == "scaled_grouped_mm":
-            return torch._scaled_grouped_mm(
-                aq,
-                wq.transpose(-2, -1),
-                scale_a=a_s,
-                scale_b=ws,
-                offs=offs,
-                out_dtype=torch.bfloat16,
-            )
+            return self._scaled_gmm(aq, a_s, which, offs)
         a = (aq.float() * a_s.unsqueeze(-1)).to(self.dtype)
         return self._gmm(a, which, offs, "grouped_mm" if self.path == "grouped_mm" else "loop")
 

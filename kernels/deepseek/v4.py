@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._util import as_device, default_dtype, empty, next_pow2
+from .._util import as_device, default_dtype, empty, next_pow2, randn
 from ..attention import TIE_BREAK, AttentionBlock, compress_groups, indexer_scores
 from ..block import LayerBlock
 from ..cache import SlotBook
@@ -101,7 +101,7 @@ class DSPool(SlotBook):
         self.in_use = np.zeros(max_seqs, dtype=bool)
 
     def _rand(self, gen: torch.Generator, *shape: int) -> torch.Tensor:
-        return torch.randn(shape, generator=gen, device=self.device).to(self.dtype)
+        return randn(shape, std=1.0, gen=gen, device=self.device, dtype=self.dtype)
 
     def window_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return slots * self.ring + pos % self.ring
