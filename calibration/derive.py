@@ -22,9 +22,12 @@ prefill e         per chunk, the prefix's cached entries (p)        mem × kv_by
 decode a          launches, sync (not hardware-bound)               kept
 decode w          weight reads (the GEMMs' floor)                   mem × dense_bytes
 decode b, tile    dense GEMM rows (T, rounded up to the tile)       dense; tile kept
+decode steps      the GEMMs' measured staircase over row tiles      dense
 decode c          cache reads per context token                     mem × kv_bytes
 decode d          per-sequence reads and bookkeeping                mem
 decode e          query tokens × context (indexer/attention)        attn
+decode q          query tokens (attention over a fixed top-k)       attn
+decode h          per context token of the mean sequence            mem × kv_bytes
 moe a             launches (not hardware-bound)                     kept
 moe e             active experts' weight reads                      mem × expert_bytes
 moe f, form/tile  expert GEMM rows                                  expert; form and tile kept
@@ -120,7 +123,10 @@ def scale_coefs(base: HardwareCoefs, r: Ratios) -> HardwareCoefs:
             update={
                 "w": c.w * weights,
                 "b": c.b * r.dense,
+                "steps": tuple(x * r.dense for x in c.steps),
                 "c": c.c * cache,
+                "h": c.h * cache,
+                "q": c.q * r.attn,
                 "d": c.d * r.mem,
                 "e": c.e * r.attn,
             }

@@ -8,8 +8,9 @@ as version 1 profiles used, cannot show a form that misses between or beyond the
 
 Model forms (per layer; see ``profile.py``):
     prefill  t = a + b·n + c·n·p + d·n² + e·p                   linear in its coefficients
-    decode   t = a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K       weights read vs GEMM compute;
-             τ ∈ DECODE_TILES, chosen by training error          v·K: query tokens × context
+    decode   t = a + max(w, g(⌈T/τ⌉)) + c·K + d·B + e·v·K + h·K/B + q·T   weights vs GEMM;
+             g(k) = b·τ·k, or a measured staircase over k tiles   v·K: query tokens × context
+             form and τ ∈ DECODE_TILES chosen by k-fold cross-validation on the training grid
     moe      t = a + e·E_act + f·R                   (exp)       active experts' weights + GEMMs
              t = a + e·E_act + f·τ·E_act·⌈R/(E_act·τ)⌉  (tile)   per-expert row tiles
              form and τ chosen by k-fold cross-validation on the training grid
@@ -67,6 +68,13 @@ def kfold(n: int, k: int = 5, seed: int = 0) -> list[np.ndarray]:
     return [order[i::k] for i in range(min(k, n))]
 
 
+def group_kfold(keys: np.ndarray, k: int = 5, seed: int = 0) -> list[np.ndarray]:
+    """``k`` disjoint index sets, each holding every point of some of the distinct ``keys``
+    (so a held-out key is never seen in training)."""
+    _, group = np.unique(keys, return_inverse=True)
+    return [np.flatnonzero(np.isin(group, g)) for g in kfold(int(group.max()) + 1, k, seed)]
+
+
 # ---- prefill: t = a + b n + c n p + d n^2 + e p ------------------------------------------------
 
 
@@ -97,21 +105,36 @@ def fit_prefill(
     return coef, score(lambda Xq: prefill_model(coef, Xq), X, t, X_off, t_off)
 
 
-# ---- decode: t = a + max(w, b τ ceil(T/τ)) + c K + d B + e v K ---------------------------------
+# ---- decode: t = a + max(w, g(ceil(T/τ))) + c K + d B + e v K ---------------------------------
 
 
-def decode_model(x: np.ndarray, X: np.ndarray, tile: int = 1) -> np.ndarray:
-    """x = (a, w, b, c, d[, e]); X columns (B sequences, T = B·v query tokens, K context)."""
-    a, w, b, c, d = x[:5]
-    e = x[5] if len(x) > 5 else 0.0
+def stair_cost(g: np.ndarray, k: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """GEMM cost at ``k`` row tiles of a staircase known at tile counts ``knots`` (values ``g``):
+    linear between knots, proportional to k beyond the last one."""
+    inside = np.interp(k, knots, g)
+    return np.where(k > knots[-1], g[-1] * k / knots[-1], inside)
+
+
+def decode_model(
+    x: np.ndarray, X: np.ndarray, tile: int = 1, knots: np.ndarray | None = None
+) -> np.ndarray:
+    """x = (a, w, c, d, e, h, q, *gemm); X columns (B sequences, T = B·v query tokens, K context).
+    ``gemm`` is (b,) for g = b·τ·⌈T/τ⌉, or, with ``knots``, the staircase's increments from one
+    knot to the next (non-negative, so the staircase never descends)."""
+    a, w, c, d, e, h, q = x[:7]
     B, T, K = X[:, 0], X[:, 1], X[:, 2]
     vK = np.divide(T * K, B, out=np.zeros_like(K, dtype=float), where=B > 0)
-    return a + np.maximum(w, b * tiled(T, tile)) + c * K + d * B + e * vK
+    ctx = np.divide(K, B, out=np.zeros_like(K, dtype=float), where=B > 0)
+    if knots is None:
+        gemm = x[7] * tiled(T, tile)
+    else:
+        gemm = stair_cost(np.cumsum(x[7:]), np.ceil(T / tile), knots)
+    return a + np.maximum(w, gemm) + c * K + d * B + e * vK + h * ctx + q * T
 
 
 def decode_coef_model(coef: DecodeCoef, X: np.ndarray) -> np.ndarray:
-    x = np.array([coef.a, coef.w, coef.b, coef.c, coef.d, coef.e])
-    return decode_model(x, X, coef.tile)
+    B, T, K = X[:, 0], X[:, 1], X[:, 2]
+    return coef.seconds(B, K, np.divide(T, B, out=np.zeros_like(T, dtype=float), where=B > 0))
 
 
 def _fit_nonlinear(
@@ -135,7 +158,7 @@ def _fit_nonlinear(
     return best.x * scale, float(best.cost)
 
 
-def _decode_x0(X: np.ndarray, t: np.ndarray) -> np.ndarray:
+def _decode_x0(X: np.ndarray, t: np.ndarray, tile: int, knots: np.ndarray | None) -> np.ndarray:
     B, T, K = X[:, 0], X[:, 1], X[:, 2]
     vK = T * K / np.maximum(B, 1)
     tmin = float(t.min())
@@ -143,7 +166,36 @@ def _decode_x0(X: np.ndarray, t: np.ndarray) -> np.ndarray:
     def per(unit: np.ndarray, share: float) -> float:
         return share * float(np.median(t / np.maximum(unit, 1)))
 
-    return np.array([tmin / 2, tmin / 2, per(T, 0.5), per(K, 0.1), per(B, 0.1), per(vK, 0.05)])
+    b = per(T, 0.5)
+    if knots is None:
+        gemm = [b]
+    else:
+        g = b * tile * knots
+        gemm = list(np.diff(g, prepend=0.0))
+    ctx = K / np.maximum(B, 1)
+    linear = [per(K, 0.1), per(B, 0.1), per(vK, 0.05), per(ctx, 0.05), per(T, 0.05)]
+    return np.array([tmin / 2, tmin / 2, *linear, *gemm])
+
+
+DecodeForm = tuple[int, bool]  # (row tile τ, staircase table or b·τ·k)
+
+
+def _fit_decode_form(
+    X: np.ndarray, t: np.ndarray, form: DecodeForm
+) -> tuple[np.ndarray, np.ndarray | None]:
+    tile, table = form
+    knots = np.unique(np.ceil(X[:, 1] / tile)) if table else None
+
+    def model(x: np.ndarray, Xq: np.ndarray) -> np.ndarray:
+        return decode_model(x, Xq, tile, knots)
+
+    x, _ = _fit_nonlinear(model, X, t, _decode_x0(X, t, tile, knots))
+    return x, knots
+
+
+def decode_forms(tiles: tuple[int, ...] = DECODE_TILES, staircase: bool = True) -> list[DecodeForm]:
+    """The candidate forms: each tile with g = b·τ·k, and each tile > 1 with a staircase."""
+    return [(k, False) for k in tiles] + [(k, True) for k in tiles if k > 1 and staircase]
 
 
 def fit_decode(
@@ -152,23 +204,43 @@ def fit_decode(
     X_off: np.ndarray | None = None,
     t_off: np.ndarray | None = None,
     tiles: tuple[int, ...] = DECODE_TILES,
+    folds: int = 5,
+    staircase: bool = True,
 ) -> tuple[DecodeCoef, FitError]:
-    """X columns: (B sequences, T query tokens = B·v, K context tokens); t seconds. The row tile
-    τ is the one with the lowest training error (ties go to the smaller tile)."""
-    x0 = _decode_x0(X, t)
-    best: tuple[float, int, np.ndarray] | None = None
-    for tile in tiles:
-
-        def model(x: np.ndarray, Xq: np.ndarray, k: int = tile) -> np.ndarray:
-            return decode_model(x, Xq, k)
-
-        coef, cost = _fit_nonlinear(model, X, t, x0)
-        if best is None or cost < best[0] * (1 - 1e-6):
-            best = (cost, tile, coef)
+    """X columns: (B sequences, T query tokens = B·v, K context tokens); t seconds. The form
+    (row tile τ; the GEMM term linear in tiles or a measured staircase) with the lowest
+    cross-validated MAPE on the training grid is refitted on all of it (ties: the earlier, simpler
+    form). The folds hold out whole row counts T, so each form is scored where it must
+    interpolate between the row counts it saw — which is where a too-fine tile goes wrong (random
+    folds keep every T in training and favour the finest staircase). A staircase is interpolated
+    between the tile counts the grid has."""
+    parts = group_kfold(X[:, 1], folds)
+    best: tuple[float, DecodeForm] | None = None
+    for form in decode_forms(tiles, staircase):
+        errs = []
+        for held in parts:
+            train = np.setdiff1d(np.arange(len(t)), held)
+            x, knots = _fit_decode_form(X[train], t[train], form)
+            errs.append(ape(decode_model(x, X[held], form[0], knots), t[held]))
+        cv = float(np.concatenate(errs).mean())
+        if best is None or cv < best[0] * (1 - 1e-6):
+            best = (cv, form)
     assert best is not None
-    _, tile, x = best
-    a, w, b, c, d, e = (float(v) for v in x)
-    out = DecodeCoef(a=a, w=w, b=b, c=c, d=d, e=e, tile=tile)
+    form = best[1]
+    tile = form[0]
+    x, knots = _fit_decode_form(X, t, form)
+    a, w, c, d, e, h, q = (float(v) for v in x[:7])
+    if knots is None:
+        out = DecodeCoef(a=a, w=w, b=float(x[7]), c=c, d=d, e=e, h=h, q=q, tile=tile)
+    else:
+        g = np.cumsum(x[7:])
+        top = int(knots[-1])
+        steps = stair_cost(g, np.arange(1, top + 1, dtype=float), knots)
+        steps = np.maximum.accumulate(steps)  # float rounding only: g is non-decreasing
+        b = float(g[-1] / (tile * top))
+        out = DecodeCoef(
+            a=a, w=w, b=b, c=c, d=d, e=e, h=h, q=q, tile=tile, steps=tuple(float(s) for s in steps)
+        )
     return out, score(lambda Xq: decode_coef_model(out, Xq), X, t, X_off, t_off)
 
 

@@ -8,9 +8,12 @@ each per *layer* so that the simulator composes a whole model from its layer cou
 
 - ``prefill[kind]``  t(n, p) = a + b·n + c·n·p + d·n² + e·p      one attention block + shared
                      n new tokens of one sequence after a computed prefix of p tokens  expert
-- ``decode[kind]``   t = a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K   one attention block
-                     B sequences, v verify tokens each, T = B·v query tokens, K context tokens
-                     in total; τ the GEMM row tile (τ = 1: no tiling, ⌈⌉ dropped)
+- ``decode[kind]``   t = a + max(w, g(⌈T/τ⌉)) + c·K + d·B + e·v·K + h·K/B + q·T
+                     one attention block: B sequences, v verify tokens each, T = B·v query
+                     tokens, K context tokens
+                     in total; τ the GEMM row tile (τ = 1: no tiling, ⌈⌉ dropped); g(k) the
+                     GEMMs' cost of k row tiles: ``steps[k-1]`` (a measured staircase) up to
+                     its length, b·τ·k beyond it or without one
 - ``moe``            ``form: exp``   t = a + e·E_act + f·R       routed experts of one rank
                      ``form: tile``  t = a + e·E_act + f·τ·E_act·⌈R/(E_act·τ)⌉
                      E local experts, R routed token-expert pairs, E_act = E·(1 − exp(−R/E))
@@ -37,6 +40,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from ..errors import ConfigError, UserError
@@ -81,7 +85,49 @@ class DecodeCoef(FrozenModel):
     c: float
     d: float
     e: float = Field(0.0, ge=0, description="per query token per context token")
+    h: float = Field(
+        0.0, ge=0, description="per context token of the mean sequence (per-sequence scans)"
+    )
+    q: float = Field(
+        0.0, ge=0, description="per query token outside the GEMMs (attention over fixed top-k)"
+    )
     tile: int = Field(1, ge=1, description="GEMM row tile τ (1: T is not rounded up)")
+    steps: tuple[float, ...] = Field(
+        (),
+        description="measured GEMM cost of k = 1, 2, ... row tiles (s), non-decreasing; "
+        "replaces b·τ·k up to len(steps) tiles, b·τ·k beyond (empty: b·τ·k throughout)",
+    )
+
+    @model_validator(mode="after")
+    def _steps(self) -> DecodeCoef:
+        if any(x < 0 for x in self.steps) or any(
+            b < a for a, b in zip(self.steps, self.steps[1:], strict=False)
+        ):
+            raise ValueError("steps must be non-negative and non-decreasing")
+        if self.steps and self.tile == 1:
+            raise ValueError("a steps table needs a row tile > 1")
+        return self
+
+    def gemm_s(self, tokens: np.ndarray) -> np.ndarray:
+        """The GEMM term's cost of ``tokens`` query rows (before the max with ``w``)."""
+        if self.tile == 1:
+            return self.b * np.asarray(tokens, dtype=float)
+        k = np.ceil(np.asarray(tokens, dtype=float) / self.tile)
+        linear = self.b * self.tile * k
+        if not self.steps:
+            return linear
+        n = len(self.steps)
+        table = np.asarray(self.steps)[np.clip(k, 1, n).astype(np.int64) - 1]
+        return np.where(k <= n, np.where(k < 1, 0.0, table), linear)
+
+    def seconds(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float | np.ndarray):
+        """One layer's decode step: ``batch`` sequences of ``verify`` query tokens each over
+        ``kv_tokens`` context tokens in all (arrays broadcast)."""
+        B = np.asarray(batch, dtype=float)
+        K = np.asarray(kv_tokens, dtype=float)
+        ctx = np.divide(K, B, out=np.zeros_like(K * B), where=B > 0)
+        t = self.a + np.maximum(self.w, self.gemm_s(B * verify)) + self.c * K + self.d * B
+        return t + self.e * verify * K + self.h * ctx + self.q * B * verify
 
 
 class MoeCoef(FrozenModel):
@@ -123,11 +169,13 @@ class EngineOverhead(FrozenModel):
     prefill_step_s: float = Field(0.0, ge=0)
     prefill_per_seq_s: float = Field(0.0, ge=0)
     prefill_per_token_s: float = Field(0.0, ge=0)
-    # eager prefill whose host work overlaps the GPU's: step = max(GPU model, host) + loop; the
-    # host time of a step is prefill_host_s + per prompt + per token (0: the additive form above)
+    # eager prefill whose host work overlaps the GPU's: step = max(GPU model, host) + ρ·min(GPU
+    # model, host) + loop, ρ the share of the shorter one left exposed; the host time of a step
+    # is prefill_host_s + per prompt + per token (all 0: the additive form above)
     prefill_host_s: float = Field(0.0, ge=0)
     prefill_host_per_seq_s: float = Field(0.0, ge=0)
     prefill_host_per_token_s: float = Field(0.0, ge=0)
+    prefill_host_exposed: float = Field(0.0, ge=0, le=1, description="ρ")
     # the replay loop's bookkeeping between two steps (admission, acceptance, slot upkeep)
     decode_loop_s: float = Field(0.0, ge=0)
     decode_loop_per_seq_s: float = Field(0.0, ge=0)

@@ -1,12 +1,14 @@
-"""Re-fit a measured profile's engine-core model from the raw engine steps it keeps.
+"""Re-fit a measured profile from the raw measurements it keeps.
 
-    python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--a2a-from PROFILE]
+    python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels] [--a2a-from PROFILE]
 
-A profile keeps its raw measurements, so a better fit form needs no new GPU time: this re-runs
+A profile keeps its raw measurements, so a better fit form needs no new GPU time. With
+``--kernels`` the kernel fits (prefill and decode per attention kind, routed experts) are re-fitted
+from ``raw`` by the calibration's own code (``sweep.fit_kernels``), with their errors. Then, always,
 ``sweep.fit_engine_overhead`` (the engine core's host time per step, the replay loop's gaps, and
-the choice between the additive and the overlapping eager-prefill forms) on every model's stored
-``raw.engine`` rows, against that model's kernel fits, and writes the profile back with a note
-in its provenance. Kernel fits are left as measured.
+the choice between the additive and the overlapping eager-prefill forms) re-runs on every
+model's stored ``raw.engine`` rows against that model's kernel fits. The profile is written back
+with a note in its provenance.
 
 ``--a2a-from`` carries a measured all-to-all (latency and link efficiency of NCCL between two
 GPUs of the same kind, and its raw points) into a profile measured on one GPU, whose all-to-all
@@ -20,7 +22,36 @@ from pathlib import Path
 
 from ..models.registry import load_model
 from .profile import EngineOverhead, Profile, load_profile, write_profile
-from .sweep import engine_stack, fit_engine_overhead
+from .sweep import engine_stack, fit_engine_overhead, fit_kernels, measurements_of
+
+
+def _noted(profile: Profile, models: dict, note: str) -> Profile:
+    return profile.model_copy(
+        update={
+            "models": models,
+            "provenance": profile.provenance.model_copy(
+                update={"note": profile.provenance.note + note}
+            ),
+        }
+    )
+
+
+def refit_kernels(profile: Profile) -> Profile:
+    """Every model's kernel fits and fit errors re-fitted from its raw grid and off-grid points
+    (all else — all-to-all, vision, host overheads — kept)."""
+    if profile.provenance.kind != "measured":
+        raise ValueError("only a measured profile has raw kernel measurements to re-fit")
+    models = {}
+    for name, fits in profile.models.items():
+        prefill, decode, moe, errors = fit_kernels(
+            measurements_of(fits.raw), load_model(name).moe.top_k
+        )
+        hardware = {
+            hw: c.model_copy(update={"prefill": prefill, "decode": decode, "moe": moe})
+            for hw, c in fits.hardware.items()
+        }
+        models[name] = fits.model_copy(update={"hardware": hardware, "fit": errors})
+    return _noted(profile, models, "; kernel fits re-fitted from raw (refit.py --kernels)")
 
 
 def refit_engine(profile: Profile) -> Profile:
@@ -40,13 +71,7 @@ def refit_engine(profile: Profile) -> Profile:
                 coefs = coefs.model_copy(update={"engine_overhead": eng})
             hardware[hw] = coefs
         models[name] = fits.model_copy(update={"hardware": hardware})
-    note = profile.provenance.note + "; engine-core model re-fitted from raw.engine (refit.py)"
-    return profile.model_copy(
-        update={
-            "models": models,
-            "provenance": profile.provenance.model_copy(update={"note": note}),
-        }
-    )
+    return _noted(profile, models, "; engine-core model re-fitted from raw.engine (refit.py)")
 
 
 def carry_a2a(profile: Profile, source: Profile) -> Profile:
@@ -64,16 +89,11 @@ def carry_a2a(profile: Profile, source: Profile) -> Profile:
         }
         raw = {**fits.raw, "a2a": src.raw.get("a2a", [])}
         models[name] = fits.model_copy(update={"hardware": hardware, "raw": raw})
-    note = (
-        profile.provenance.note
-        + f"; all-to-all measured over NCCL between two GPUs, carried from {source.name}"
-        + f" ({source.provenance.date})"
-    )
-    return profile.model_copy(
-        update={
-            "models": models,
-            "provenance": profile.provenance.model_copy(update={"note": note}),
-        }
+    return _noted(
+        profile,
+        models,
+        f"; all-to-all measured over NCCL between two GPUs, carried from {source.name}"
+        f" ({source.provenance.date})",
     )
 
 
@@ -84,13 +104,20 @@ def main(argv: list[str] | None = None) -> int:
         i = args.index("--a2a-from")
         a2a = args[i + 1]
         del args[i : i + 2]
+    kernels = "--kernels" in args
+    if kernels:
+        args.remove("--kernels")
     if len(args) != 2:
         print(
-            "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--a2a-from P]",
+            "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels]"
+            " [--a2a-from P]",
             file=sys.stderr,
         )
         return 2
-    profile = refit_engine(load_profile(args[0]))
+    profile = load_profile(args[0])
+    if kernels:
+        profile = refit_kernels(profile)
+    profile = refit_engine(profile)
     if a2a:
         profile = carry_a2a(profile, load_profile(a2a))
     write_profile(profile, Path(args[1]))

@@ -386,6 +386,26 @@ def check_block(c: Checker, kind: Any) -> dict[str, Any]:
     return res
 
 
+def check_causal_attention(c: Checker) -> dict[str, Any]:
+    """MLA prefill's MHA attention after a prefix (FlashAttention on a GPU) against the
+    explicit end-aligned causal softmax in float32."""
+    from .deepseek.mla import _causal_attention
+
+    dev, dt = c.device, _util.default_dtype(c.device)
+    g = torch.Generator(device=dev).manual_seed(4)
+    n, p, H, d = (37, 63, 4, 192) if c.toy else (300, 700, 16, 192)
+    q, k, v = (torch.randn((m, H, d), generator=g, device=dev).to(dt) for m in (n, n + p, n + p))
+    scale = d**-0.5
+    got = _causal_attention(q, k, v, scale).float()
+    s = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
+    visible = torch.arange(n + p, device=dev)[None, :] <= p + torch.arange(n, device=dev)[:, None]
+    want = torch.einsum(
+        "hqk,khd->qhd", s.masked_fill(~visible, float("-inf")).softmax(-1), v.float()
+    )
+    err = rel_err(got, want)
+    return {"rel_err": err, "ok": err <= KERNEL_TOL}
+
+
 def check_graph_decode(c: Checker, kind: Any) -> dict[str, Any]:
     """A decode step captured in a CUDA graph and replayed equals the eager step."""
     if c.device.type != "cuda":
@@ -533,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     c.run("fused decode kernels (Triton vs torch)", lambda: check_fused(c))
     for kind in ("swa", "csa", "hca", "mla"):
         c.run(f"block {kind}", functools.partial(check_block, c, kind))
+    c.run("mla prefill attention after a prefix", lambda: check_causal_attention(c))
     for kind in ("csa", "hca", "mla"):
         c.run(f"graph decode {kind}", functools.partial(check_graph_decode, c, kind))
     c.run("moe", lambda: check_moe(c))

@@ -63,6 +63,32 @@ class RooflineParams(FrozenModel):
 
 
 @dataclass(frozen=True, slots=True)
+class StepBreakdown:
+    """Where one step's time goes (seconds). ``step_s`` = ``overhead_s`` + ``dense_s`` +
+    ``experts_s`` + ``a2a_exposed_s``; ``attention_s`` is the context-dependent part of
+    ``dense_s`` (the slowest rank's dense time minus the same work with no context), and
+    ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
+
+    step_s: float
+    dense_s: float
+    attention_s: float
+    experts_s: float
+    a2a_s: float
+    a2a_exposed_s: float
+    overhead_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "dense": self.dense_s - self.attention_s,
+            "attention": self.attention_s,
+            "experts": self.experts_s,
+            "a2a_exposed": self.a2a_exposed_s,
+            "a2a_hidden": self.a2a_s - self.a2a_exposed_s,
+            "overhead": self.overhead_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class PoolShape:
     """The parallel shape a StepCost is built for."""
 
@@ -146,6 +172,47 @@ class StepCost(ABC):
         compute = dense_max + moe
         exposed = max(0.0, comm - self.comm_overlap * compute)
         return self.step_overhead_s + compute + exposed
+
+    def breakdown(
+        self, dense_max: float, context_free: float, moe: float, comm: float
+    ) -> StepBreakdown:
+        """The parts of ``compose(dense_max, moe, comm)``; ``context_free``: the slowest rank's
+        dense time with no context (so dense_max − context_free is attention over context)."""
+        step = self.compose(dense_max, moe, comm)
+        exposed = max(0.0, step - self.step_overhead_s - dense_max - moe)
+        return StepBreakdown(
+            step_s=step,
+            dense_s=dense_max,
+            attention_s=max(0.0, dense_max - context_free),
+            experts_s=moe,
+            a2a_s=comm,
+            a2a_exposed_s=exposed,
+            overhead_s=self.step_overhead_s,
+        )
+
+    def decode_breakdown(
+        self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float, imbalance: float = 1.0
+    ) -> StepBreakdown:
+        """:meth:`decode_step`'s parts (off the hot path: for reports and ``deepinfer-sim cost``)."""
+        batch = np.asarray(batch, dtype=float)
+        dense = self.decode_dense(batch, np.asarray(kv_tokens, dtype=float), verify)
+        i = int(np.argmax(dense))
+        bare = float(self.decode_dense(batch[i : i + 1], np.zeros(1), verify)[0])
+        moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
+        comm = self.a2a_s(float(batch.max()) * verify, "decode")
+        return self.breakdown(float(dense[i]), bare, moe, comm)
+
+    def prefill_breakdown(
+        self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
+    ) -> StepBreakdown:
+        """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
+        dense = [self.prefill_dense(c) if c else 0.0 for c in ranks]
+        i = int(np.argmax(dense))
+        bare = self.prefill_dense([(n, 0) for n, _ in ranks[i]]) if ranks[i] else 0.0
+        tokens = [float(sum(n for n, _ in c)) for c in ranks]
+        moe = self.moe_s(imbalance * sum(tokens) / self.shape.ep, "prefill")
+        comm = self.a2a_s(max(tokens), "prefill")
+        return self.breakdown(dense[i], bare, moe, comm)
 
     def prefill_step(
         self,

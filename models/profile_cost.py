@@ -65,7 +65,12 @@ class ProfileStepCost(StepCost):
             eng.prefill_host_s + eng.prefill_host_per_seq_s + eng.prefill_host_per_token_s > 0
         )
         self._pre_host = (
-            (eng.prefill_host_s, eng.prefill_host_per_seq_s, eng.prefill_host_per_token_s)
+            (
+                eng.prefill_host_s,
+                eng.prefill_host_per_seq_s,
+                eng.prefill_host_per_token_s,
+                eng.prefill_host_exposed,
+            )
             if overlap
             else None
         )
@@ -87,8 +92,8 @@ class ProfileStepCost(StepCost):
         self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], pre_host)
         replay_groups = [g for g in model.layer_groups if not g.in_prefill]
         self._rep = layer_sum(replay_groups, pre_host) if replay_groups else None
-        # decode: group layer counts by kind, then per kind (count·w, count·b, τ) for the max()
-        # term; the linear terms of all kinds fold into four sums
+        # decode: group layer counts by kind, then per kind (count, coefficients) for the max()
+        # term; the linear terms of all kinds fold into six sums
         counts: dict[str, int] = {}
         for g in model.layer_groups:
             counts[g.attention] = counts.get(g.attention, 0) + g.count
@@ -100,13 +105,17 @@ class ProfileStepCost(StepCost):
         self._dec_kv = 0.0
         self._dec_seq = 0.0
         self._dec_vkv = 0.0
+        self._dec_ctx = 0.0
+        self._dec_query = 0.0
         for kind, n in counts.items():
             c = coef_of(coefs.decode, kind, "decode")
-            self._dec.append((n * c.w, n * c.b, c.tile))
+            self._dec.append((n, c))
             self._dec_const += n * c.a
             self._dec_kv += n * c.c
             self._dec_seq += n * c.d
             self._dec_vkv += n * c.e
+            self._dec_ctx += n * c.h
+            self._dec_query += n * c.q
         m = coefs.moe
         self._moe_const = m.a
         self._moe_host = {
@@ -148,10 +157,11 @@ class ProfileStepCost(StepCost):
         t = super().prefill_step(ranks, imbalance, replay)
         if self._pre_host is None:
             return t
-        h0, h_seq, h_tok = self._pre_host
+        h0, h_seq, h_tok, exposed = self._pre_host
         seqs = sum(len(c) for c in ranks)
         tokens = sum(n for c in ranks for n, _ in c)
-        return max(t, h0 + h_seq * seqs + h_tok * tokens) + self.prefill_loop_s
+        host = h0 + h_seq * seqs + h_tok * tokens
+        return max(t, host) + exposed * min(t, host) + self.prefill_loop_s
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
         A, B, C, D, E = self._pre
@@ -173,11 +183,15 @@ class ProfileStepCost(StepCost):
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
         tokens = batch * verify
         t = self._dec_const + self._dec_kv * kv_tokens + self._dec_seq * batch
+        if self._dec_query:
+            t = t + self._dec_query * tokens
         if self._dec_vkv:
             t = t + self._dec_vkv * verify * kv_tokens
-        for w, b, tile in self._dec:
-            rows = tokens if tile == 1 else tile * np.ceil(tokens / tile)
-            t = t + np.maximum(w, b * rows)
+        if self._dec_ctx:
+            mean_ctx = np.divide(kv_tokens, batch, out=np.zeros_like(t), where=batch > 0)
+            t = t + self._dec_ctx * mean_ctx
+        for n, c in self._dec:
+            t = t + n * np.maximum(c.w, c.gemm_s(tokens))
         return t
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:

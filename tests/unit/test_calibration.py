@@ -18,6 +18,7 @@ import pytest
 
 from deepinfer_sim.calibration.derive import Ratios, derive, target_dtype
 from deepinfer_sim.calibration.fit import (
+    decode_coef_model,
     decode_model,
     fit_decode,
     fit_linear_latency,
@@ -95,7 +96,7 @@ def decode_rows(bs, vs, ls) -> np.ndarray:
     return np.array([(B, B * v, B * L) for B in bs for v in vs for L in ls], dtype=float)
 
 
-DECODE_TRUTH = np.array([3e-5, 2e-5, 5e-7, 2e-11, 1e-7, 1e-11])  # a, w, b, c, d, e
+DECODE_TRUTH = np.array([3e-5, 2e-5, 2e-11, 1e-7, 1e-11, 0.0, 0.0, 5e-7])  # a w c d e h q b
 
 
 def test_decode_fit_finds_the_row_tile_and_the_query_context_term():
@@ -114,14 +115,64 @@ def test_decode_fit_finds_the_row_tile_and_the_query_context_term():
     assert err.offgrid_mape is not None and err.offgrid_mape < 0.02
     untiled, err1 = fit_decode(X, t, Xo, to, tiles=(1,))
     assert untiled.tile == 1 and err1.train_mape > err.train_mape
+    np.testing.assert_allclose(decode_coef_model(coef, X), decode_model(
+        np.array([coef.a, coef.w, coef.c, coef.d, coef.e, coef.h, coef.q, coef.b]), X, coef.tile
+    ))  # fmt: skip
+
+
+# A staircase that no b·τ·k follows: per-tile cost falling then rising (wave quantization)
+STAIRS = np.array([0.0, 9e-5, 2.1e-4, 2.6e-4, 3.1e-4, 3.7e-4, 4.6e-4, 5.5e-4, 6.3e-4, 7.0e-4])
+
+
+def stair_truth(X: np.ndarray) -> np.ndarray:
+    B, T, K = X[:, 0], X[:, 1], X[:, 2]
+    k = np.ceil(T / 128).astype(int)
+    scans = 1e-11 * (T / B) * K + 9e-10 * K / B + 2.5e-7 * T
+    return 1.6e-4 + STAIRS[k - 1] + 2e-11 * K + 1e-7 * B + scans
+
+
+def test_decode_fit_learns_a_measured_staircase_and_the_per_sequence_scan():
+    """A GEMM staircase over 128-row tiles sampled one point per tile (the grid's staircase
+    line), plus a scan per sequence (h·K/B) and attention per query token (q·T), which the
+    staircase's flat first tile cannot absorb: cross-validation picks the staircase form at
+    τ = 128 and predicts off-grid shapes (between tile counts' sample points) within the noise,
+    where the b·τ·k form cannot."""
+    rng = np.random.default_rng(3)
+    grid = decode_rows((1, 8, 32, 64, 128, 256), (1, 3, 6), (2048, 8192, 32768))
+    line = np.array([(32 * k, 128 * k, 32 * k * 4096) for k in range(1, 11)], dtype=float)
+    X = np.concatenate([grid[grid[:, 1] <= 1280], line])
+    Xo = decode_rows((24, 48, 96, 200), (2, 5), (6000, 20000))
+    Xo = Xo[Xo[:, 1] <= 1280]
+    t, to = noisy(stair_truth(X), rng, 0.005), noisy(stair_truth(Xo), rng, 0.005)
+    coef, err = fit_decode(X, t, Xo, to)
+    assert coef.tile == 128 and len(coef.steps) == 10
+    assert coef.h == pytest.approx(9e-10, rel=0.25)
+    assert coef.q == pytest.approx(2.5e-7, rel=0.25)
+    assert err.offgrid_mape is not None and err.offgrid_mape < 0.01
+    _, linear = fit_decode(X, t, Xo, to, tiles=(128,), staircase=False)
+    assert linear.offgrid_mape is not None and linear.offgrid_mape > 2 * err.offgrid_mape
+    # beyond the table the cost goes on at the top's rate per row; below it, the table itself
+    big = coef.gemm_s(np.array([128.0 * 20, 100.0, 0.0]))
+    assert big[0] == pytest.approx(coef.steps[-1] * 2)
+    assert big[1] == coef.steps[0] and big[2] == 0.0
 
 
 def test_tile_one_is_the_version_1_decode_form():
     """τ = 1 does not round T up (T may be fractional: mean verify tokens), e defaults to 0."""
     X = np.array([[3.0, 7.5, 30000.0], [10.0, 23.3, 5e5]])
-    x = DECODE_TRUTH[:5]
-    old = x[0] + np.maximum(x[1], x[2] * X[:, 1]) + x[3] * X[:, 2] + x[4] * X[:, 0]
+    a, w, c, d, _, _, _, b = DECODE_TRUTH
+    x = np.array([a, w, c, d, 0.0, 0.0, 0.0, b])
+    old = a + np.maximum(w, b * X[:, 1]) + c * X[:, 2] + d * X[:, 0]
     np.testing.assert_array_equal(decode_model(x, X), old)
+    coef = DecodeCoef(a=a, w=w, b=b, c=c, d=d)
+    np.testing.assert_allclose(decode_coef_model(coef, X), old, rtol=1e-15)
+
+
+def test_a_staircase_must_not_descend():
+    with pytest.raises(ValueError, match="non-decreasing"):
+        DecodeCoef(a=0, w=0, b=1e-7, c=0, d=0, tile=64, steps=(2e-5, 1e-5))
+    with pytest.raises(ValueError, match="row tile"):
+        DecodeCoef(a=0, w=0, b=1e-7, c=0, d=0, steps=(1e-5,))
 
 
 MOE_X = np.array(
@@ -156,10 +207,21 @@ def test_latency_bandwidth_fit():
 
 def make_coefs() -> HardwareCoefs:
     pre = PrefillCoef(a=1e-4, b=2e-8, c=3e-14, d=1e-13, e=2e-10)
-    dec = DecodeCoef(a=3e-5, w=4e-5, b=2e-7, c=2e-11, d=1e-7, e=3e-12, tile=64)
+    dec = DecodeCoef(
+        a=3e-5,
+        w=4e-5,
+        b=2e-7,
+        c=2e-11,
+        d=1e-7,
+        e=3e-12,
+        h=5e-10,
+        q=1e-7,
+        tile=64,
+        steps=(1e-5, 3e-5),
+    )
     return HardwareCoefs(
         prefill={"csa": pre, "hca": pre.model_copy(update={"c": 1e-14})},
-        decode={"csa": dec, "hca": dec.model_copy(update={"tile": 1})},
+        decode={"csa": dec, "hca": dec.model_copy(update={"tile": 1, "steps": ()})},
         moe=MoeCoef(a=1e-5, e=4e-6, f=3e-9, form="tile", tile=128),
         a2a=A2aCoef(latency_s=1e-5, link_efficiency=0.8, measured=True),
         vision_seconds_per_image=0.01,
@@ -183,11 +245,17 @@ def test_profile_cost_composes_layers_of_the_model():
     n, p = 4096, 10_000
     per = [k.a + k.b * n + k.c * n * p + k.d * n * n + k.e * p for k in coefs.prefill.values()]
     assert c.prefill_dense([(n, p)]) == pytest.approx(5 * per[0] + 15 * per[1])
-    B, v, K = np.array([10.0, 300.0]), 2.0, np.array([50_000.0, 2_400_000.0])
+    B, v, K = np.array([10.0, 50.0, 300.0]), 2.0, np.array([50_000.0, 3e5, 2_400_000.0])
 
     def layer(k: DecodeCoef) -> np.ndarray:
         rows = B * v if k.tile == 1 else k.tile * np.ceil(B * v / k.tile)
-        return k.a + np.maximum(k.w, k.b * rows) + k.c * K + k.d * B + k.e * v * K
+        gemm = k.b * rows
+        if k.steps:  # a measured staircase of len(steps) tiles, b·τ·k beyond it
+            tiles = (rows / k.tile).astype(int)
+            inside = tiles <= len(k.steps)
+            gemm[inside] = np.array(k.steps)[tiles[inside] - 1]
+        linear = k.c * K + k.d * B + k.e * v * K + k.h * K / B + k.q * B * v
+        return k.a + np.maximum(k.w, gemm) + linear
 
     want = 25 * layer(coefs.decode["csa"]) + 15 * layer(coefs.decode["hca"])
     np.testing.assert_allclose(c.decode_dense(B, K, v), want, rtol=1e-12)
@@ -427,9 +495,6 @@ class SyntheticBench:
     def decode(self, kind: str, batch: int, context: int, verify: int) -> float:
         X = np.array([[batch, batch * verify, batch * context]], dtype=float)
         return self._noise(float(decode_model(DECODE_TRUTH, X, 64)[0]))
-
-    def moe_pairs(self, local_experts: int, tokens: int) -> int:
-        return tokens * 6
 
     def moe(self, local_experts: int, tokens: int) -> float:
         X = np.array([[local_experts, tokens * 6]], dtype=float)

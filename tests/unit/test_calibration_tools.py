@@ -7,11 +7,13 @@ import json
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from deepinfer_sim.calibration.fit import decode_coef_model
 from deepinfer_sim.calibration.kernel_table import decode_work, prefill_work, render
 from deepinfer_sim.calibration.profile import load_profile
-from deepinfer_sim.calibration.refit import carry_a2a, refit_engine
+from deepinfer_sim.calibration.refit import carry_a2a, refit_engine, refit_kernels
 from deepinfer_sim.kernels.shapes import LayerShape
 from deepinfer_sim.models.registry import load_model
 
@@ -49,6 +51,28 @@ def test_refitting_the_shipped_profile_changes_nothing():
             new = again.models[name].hardware[hw].engine_overhead
             for key, value in coefs.engine_overhead.model_dump().items():
                 assert getattr(new, key) == pytest.approx(value, rel=1e-6, abs=1e-12), key
+
+
+def test_refitting_the_shipped_kernel_fits_from_raw_reproduces_them():
+    """Every kernel fit of h200-deepseek (and its off-grid error) is what the calibration's own
+    fitting code makes of the raw measurements the profile keeps (refit.py --kernels)."""
+    prof = load_profile("h200-deepseek")
+    again = refit_kernels(prof)
+    assert "re-fitted from raw" in again.provenance.note
+    for name, fits in prof.models.items():
+        new = again.models[name]
+        for key, err in fits.fit.items():
+            assert new.fit[key].offgrid_mape == pytest.approx(err.offgrid_mape, abs=1e-4), key
+        old_c, new_c = fits.hardware["h200"], new.hardware["h200"]
+        for kind, coef in old_c.decode.items():  # least squares may land elsewhere on a flat
+            X = np.array([(b, b * v, b * c) for _, b, c, v, _ in fits.raw["decode"]], float)
+            np.testing.assert_allclose(  # optimum: compare what the fits predict
+                decode_coef_model(new_c.decode[kind], X), decode_coef_model(coef, X), rtol=1e-3
+            )
+        assert new_c.moe.form == old_c.moe.form
+        assert new_c.a2a == old_c.a2a  # kept, not re-fitted
+    with pytest.raises(ValueError, match="only a measured profile"):
+        refit_kernels(load_profile("sm100-derived"))
 
 
 def test_a_measured_all_to_all_is_carried_only_from_the_same_device():
