@@ -414,11 +414,15 @@ def _duration_label(seconds: float) -> str:
 
 def _register() -> None:
     from .cli_calibrate import calibrate, derive_profile, merge_profiles
+    from .cli_cost import cost
     from .cli_plan import report, sweep_grid
     from .cli_trace import trace
+    from .cli_validate import validate
 
     for command in (calibrate, derive_profile, merge_profiles):
         main.add_command(command)
+    main.add_command(cost)
+    main.add_command(validate)
     main.add_command(trace)
     main.add_command(report)
     sweep.add_command(sweep_grid, "grid")

@@ -35,6 +35,17 @@ class PrefillPool(FrozenModel):
     ep: int = Field(4, ge=1, le=64, description="expert-parallel width (= DP) of one instance")
     hardware: str = "gb200"
     redundant_experts_per_gpu: int = Field(4, ge=0)
+    redundant_experts: int | None = Field(
+        None,
+        ge=0,
+        description="redundant expert slots of one EP group in total (DeepSeek's decode: 32 over "
+        "144 GPUs); overrides redundant_experts_per_gpu, may leave a fraction per GPU",
+    )
+    two_batch_overlap: bool = Field(
+        False,
+        description="split each step into two micro-batches whose all-to-all hides behind the "
+        "other's compute (replaces cost_model.step.comm_overlap for this pool)",
+    )
     max_tokens_per_step: int = Field(
         32768, ge=1, description="token budget of one DP rank's prefill step"
     )
@@ -51,6 +62,13 @@ class PrefillPool(FrozenModel):
     def gpus(self) -> int:
         return self.instances * self.ep
 
+    @property
+    def redundant_per_gpu(self) -> float:
+        """Redundant expert slots per GPU (fractional when a group's total does not divide)."""
+        if self.redundant_experts is not None:
+            return self.redundant_experts / self.ep
+        return float(self.redundant_experts_per_gpu)
+
 
 class DecodePool(FrozenModel):
     """Wide-EP decode groups: EP = DP ranks stepping in lockstep."""
@@ -59,6 +77,17 @@ class DecodePool(FrozenModel):
     ep: int = Field(64, ge=1, le=1024, description="ranks per group (EP = DP)")
     hardware: str = "gb200"
     redundant_experts_per_gpu: int = Field(1, ge=0)
+    redundant_experts: int | None = Field(
+        None,
+        ge=0,
+        description="redundant expert slots of one EP group in total (DeepSeek's decode: 32 over "
+        "144 GPUs); overrides redundant_experts_per_gpu, may leave a fraction per GPU",
+    )
+    two_batch_overlap: bool = Field(
+        False,
+        description="split each step into two micro-batches whose all-to-all hides behind the "
+        "other's compute (replaces cost_model.step.comm_overlap for this pool)",
+    )
     max_seqs_per_rank: int = Field(256, ge=1)
     kv_hbm_fraction: float = Field(
         0.9, gt=0, le=1, description="share of HBM left after weights that may hold KV"
@@ -77,6 +106,13 @@ class DecodePool(FrozenModel):
     @property
     def gpus(self) -> int:
         return self.groups * self.ep
+
+    @property
+    def redundant_per_gpu(self) -> float:
+        """Redundant expert slots per GPU (fractional when a group's total does not divide)."""
+        if self.redundant_experts is not None:
+            return self.redundant_experts / self.ep
+        return float(self.redundant_experts_per_gpu)
 
 
 class VisionPool(FrozenModel):

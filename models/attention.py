@@ -16,6 +16,23 @@ import numpy as np
 from .spec import LayerGroup, ModelSpec, dtype_bytes
 
 ArrayLike = float | np.ndarray
+MLA_ROPE = 64  # the decoupled rope part of an MLA key (DeepSeek-V2/V3)
+
+
+def mla_qk_width(spec: ModelSpec) -> int:
+    return spec.attention.mla_qk_head_dim or spec.attention.head_dim
+
+
+def mla_v_width(spec: ModelSpec) -> int:
+    return spec.attention.mla_value_head_dim or spec.attention.head_dim - MLA_ROPE
+
+
+def mla_prefix_flops(spec: ModelSpec) -> float:
+    """FLOPs per cached prefix token and MLA layer of the MHA-form prefill: the prefix's latents
+    are up-projected to per-head keys (no-rope part) and values before attention."""
+    a = spec.attention
+    latent = a.head_dim - MLA_ROPE
+    return 2.0 * latent * a.heads * (mla_qk_width(spec) - MLA_ROPE + mla_v_width(spec))
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +44,17 @@ class Term:
     cap: float
 
 
-def _flop_terms(spec: ModelSpec, g: LayerGroup) -> list[Term]:
+def _flop_terms(spec: ModelSpec, g: LayerGroup, absorbed: bool = True) -> list[Term]:
+    """``absorbed``: MLA in its decode form (latent-width QK and PV); else the MHA form engines
+    run for prefill (per-head QK at the q/k head width, PV at the value width)."""
     a = spec.attention
     hd = 4.0 * a.heads * a.head_dim  # QK^T and PV, 2 FLOPs per multiply-add each
     terms: list[Term] = []
     if g.attention == "mla":
-        width = a.head_dim + (a.head_dim - 64)  # absorbed MLA: QK over latent+rope, PV over latent
+        if absorbed:  # QK over latent + rope, PV over the latent
+            width = float(a.head_dim + (a.head_dim - MLA_ROPE))
+        else:
+            width = float(mla_qk_width(spec) + mla_v_width(spec))
         return [Term(g.count * 2.0 * a.heads * width, 1.0, np.inf)]
     if a.window:
         terms.append(Term(g.count * hd, 1.0, float(a.window)))
@@ -121,6 +143,7 @@ class AttentionCost:
     """Attention FLOPs/bytes of one model, split by where the layers run."""
 
     prefill_flops: TermSum  # layers every prompt token passes (per chunk: .chunk(n, p))
+    prefix_flops: float  # per chunk per prefix token (MLA prefill's up-projection of the prefix)
     replay_flops: TermSum  # layers prefill runs only on the SWA replay segment (decoder layers)
     decode_flops: TermSum  # every layer, per decoded token at context L (.at(L))
     decode_bytes: TermSum  # KV bytes one sequence's decode step reads at context L (.at(L))
@@ -131,9 +154,12 @@ class AttentionCost:
         rep: list[Term] = []
         dec: list[Term] = []
         byt: list[Term] = []
+        prefix = 0.0
         for g in spec.layer_groups:
-            t = _flop_terms(spec, g)
-            (pre if g.in_prefill else rep).extend(t)
-            dec.extend(t)
+            mha = _flop_terms(spec, g, absorbed=False)
+            (pre if g.in_prefill else rep).extend(mha)
+            dec.extend(_flop_terms(spec, g))
             byt.extend(_byte_terms(spec, g))
-        return cls(TermSum(pre), TermSum(rep), TermSum(dec), TermSum(byt))
+            if g.attention == "mla" and g.in_prefill:
+                prefix += g.count * mla_prefix_flops(spec)
+        return cls(TermSum(pre), prefix, TermSum(rep), TermSum(dec), TermSum(byt))

@@ -28,8 +28,9 @@ from pydantic import Field
 
 from ..validation import FrozenModel
 from .attention import AttentionCost, TermSum
+from .comm import AllToAll, AllToAllParams
 from .hardware import HardwareSpec
-from .spec import ModelSpec, compute_class, dtype_bytes
+from .spec import ModelSpec, compute_class
 
 Phase = Literal["prefill", "decode", "replay"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode", "replay")
@@ -45,6 +46,7 @@ class StepParams(FrozenModel):
     step_overhead_s: float = Field(
         2e-4, ge=0, description="fixed cost per engine step (scheduling, sampling, sync)"
     )
+    all_to_all: AllToAllParams = AllToAllParams()
 
 
 class RooflineParams(FrozenModel):
@@ -55,11 +57,24 @@ class RooflineParams(FrozenModel):
         0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
     )
     memory_efficiency: float = Field(0.6, gt=0, le=1, description="fraction of HBM bandwidth")
-    comm_efficiency: float = Field(0.6, gt=0, le=1.5, description="fraction of link bandwidth")
     layer_overhead_s: float = Field(
         3e-5, ge=0, description="per layer per step (launches, synchronisation)"
     )
     attention_dtype: Literal["bf16", "fp8"] = "fp8"
+    prefill_attention_dtype: Literal["bf16", "fp8"] | None = Field(
+        None, description="prefill attention's dtype (default: attention_dtype)"
+    )
+    decode_attention_dtype: Literal["bf16", "fp8"] | None = Field(
+        None, description="decode attention's dtype (default: attention_dtype)"
+    )
+
+
+def micro_batches(chunks: Sequence[Chunk]) -> tuple[list[Chunk], list[Chunk]]:
+    """Two-batch overlap's split of one rank's chunks: each chunk's first half in the first
+    micro-batch, its second half (after the first as prefix) in the second."""
+    first = [(n // 2, p) for n, p in chunks if n // 2]
+    second = [(n - n // 2, p + n // 2) for n, p in chunks]
+    return first, second
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,50 +108,8 @@ class PoolShape:
     """The parallel shape a StepCost is built for."""
 
     ep: int
-    redundant_experts_per_gpu: int
-
-
-class AllToAll:
-    """EP dispatch + combine time per step: per MoE layer, a latency plus the bytes each rank
-    sends, split between the scale-up domain (NVLink) and scale-out links in proportion to how
-    many of its peers sit inside its domain."""
-
-    __slots__ = ("_bw_in", "_bw_out", "_intra", "_latency", "_layers", "_per_token", "ep")
-
-    def __init__(
-        self,
-        model: ModelSpec,
-        hw: HardwareSpec,
-        ep: int,
-        latency_s: float | None,
-        efficiency: float,
-    ) -> None:
-        self.ep = ep
-        self._per_token = (
-            model.moe.top_k
-            * model.hidden
-            * (
-                dtype_bytes(model.precision.activations_dispatch)
-                + dtype_bytes(model.precision.activations_combine)
-            )
-        )
-        self._layers = {ph: model.moe_layer_count(ph) for ph in PHASES}
-        in_domain = min(ep, hw.scaleup.domain_gpus)
-        self._intra = (in_domain - 1) / (ep - 1) if ep > 1 else 1.0
-        if latency_s is None:  # datasheet latency of the link kind the group spans
-            inside = ep <= hw.scaleup.domain_gpus
-            latency_s = hw.scaleup.latency_s if inside else hw.scaleout.latency_s
-        self._latency = 2 * latency_s  # dispatch and combine
-        self._bw_in = hw.scaleup.bytes_per_s_per_dir * efficiency
-        self._bw_out = hw.scaleout.bytes_per_s * efficiency
-
-    def time(self, tokens_per_rank: float, phase: Phase) -> float:
-        if self.ep <= 1 or tokens_per_rank <= 0:
-            return 0.0
-        nbytes = tokens_per_rank * self._per_token * (self.ep - 1) / self.ep
-        intra, inter = nbytes * self._intra, nbytes * (1 - self._intra)
-        transfer = max(intra / self._bw_in, inter / self._bw_out)
-        return (self._latency + transfer) * self._layers[phase]
+    redundant_experts_per_gpu: float
+    two_batch_overlap: bool = False  # see StepCost.compose_tbo
 
 
 class StepCost(ABC):
@@ -173,12 +146,26 @@ class StepCost(ABC):
         exposed = max(0.0, comm - self.comm_overlap * compute)
         return self.step_overhead_s + compute + exposed
 
+    def compose_tbo(self, dense_half: float, moe_half: float, comm_half: float) -> float:
+        """Two-batch overlap: the step runs as two micro-batches of half the load, each one's
+        dispatch/combine overlapping the other's compute, so the step is the longer of the two
+        streams: 2 × half compute (fixed costs such as weight reads are paid twice — the price
+        at small batches) or 2 × half communication."""
+        return self.step_overhead_s + 2.0 * max(dense_half + moe_half, comm_half)
+
     def breakdown(
         self, dense_max: float, context_free: float, moe: float, comm: float
     ) -> StepBreakdown:
-        """The parts of ``compose(dense_max, moe, comm)``; ``context_free``: the slowest rank's
-        dense time with no context (so dense_max − context_free is attention over context)."""
-        step = self.compose(dense_max, moe, comm)
+        """The parts of ``compose(dense_max, moe, comm)`` — with two-batch overlap, arguments of
+        one micro-batch and parts of both; ``context_free``: the slowest rank's dense time with
+        no context (so dense_max − context_free is attention over context)."""
+        if self.shape.two_batch_overlap:
+            step = self.compose_tbo(dense_max, moe, comm)
+            dense_max, context_free, moe, comm = (
+                2 * x for x in (dense_max, context_free, moe, comm)
+            )
+        else:
+            step = self.compose(dense_max, moe, comm)
         exposed = max(0.0, step - self.step_overhead_s - dense_max - moe)
         return StepBreakdown(
             step_s=step,
@@ -193,9 +180,10 @@ class StepCost(ABC):
     def decode_breakdown(
         self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float, imbalance: float = 1.0
     ) -> StepBreakdown:
-        """:meth:`decode_step`'s parts (off the hot path: for reports and ``deepinfer-sim cost``)."""
-        batch = np.asarray(batch, dtype=float)
-        dense = self.decode_dense(batch, np.asarray(kv_tokens, dtype=float), verify)
+        """:meth:`decode_step`'s parts (off the hot path: reports, ``deepinfer-sim cost``)."""
+        share = 0.5 if self.shape.two_batch_overlap else 1.0  # one micro-batch's load
+        batch = np.asarray(batch, dtype=float) * share
+        dense = self.decode_dense(batch, np.asarray(kv_tokens, dtype=float) * share, verify)
         i = int(np.argmax(dense))
         bare = float(self.decode_dense(batch[i : i + 1], np.zeros(1), verify)[0])
         moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
@@ -206,22 +194,19 @@ class StepCost(ABC):
         self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
     ) -> StepBreakdown:
         """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
-        dense = [self.prefill_dense(c) if c else 0.0 for c in ranks]
-        i = int(np.argmax(dense))
-        bare = self.prefill_dense([(n, 0) for n, _ in ranks[i]]) if ranks[i] else 0.0
-        tokens = [float(sum(n for n, _ in c)) for c in ranks]
-        moe = self.moe_s(imbalance * sum(tokens) / self.shape.ep, "prefill")
-        comm = self.a2a_s(max(tokens), "prefill")
-        return self.breakdown(dense[i], bare, moe, comm)
+        dense, moe, comm = self._prefill_parts(ranks, imbalance)
+        bare, _, _ = self._prefill_parts([[(n, 0) for n, _ in c] for c in ranks], imbalance)
+        return self.breakdown(dense, bare, moe, comm)
 
-    def prefill_step(
+    def _prefill_parts(
         self,
         ranks: Sequence[Sequence[Chunk]],
-        imbalance: float = 1.0,
+        imbalance: float,
         replay: Sequence[Sequence[Chunk]] = (),
-    ) -> float:
-        """Step time of a prefill instance whose DP ranks compute the given chunks through the
-        prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
+    ) -> tuple[float, float, float]:
+        """(slowest rank's dense time, routed experts, all-to-all) of a prefill step — of one
+        of its two micro-batches (their mean) under two-batch overlap."""
+        tbo = self.shape.two_batch_overlap
         dense_max = 0.0
         tokens_max = 0.0
         tokens_sum = 0.0
@@ -231,23 +216,43 @@ class StepCost(ABC):
             rep = replay[i] if i < len(replay) else ()
             if not chunks and not rep:
                 continue
-            dense = self.prefill_dense(chunks) if chunks else 0.0
+            if tbo:
+                a, b = micro_batches(chunks)
+                dense = 0.5 * (self.prefill_dense(a) + self.prefill_dense(b)) if chunks else 0.0
+            else:
+                dense = self.prefill_dense(chunks) if chunks else 0.0
             tokens = float(sum(n for n, _ in chunks))
             if rep:
-                dense += self.replay_dense(rep)
+                if tbo:
+                    ra, rb = micro_batches(rep)
+                    dense += 0.5 * (self.replay_dense(ra) + self.replay_dense(rb))
+                else:
+                    dense += self.replay_dense(rep)
                 r = float(sum(n for n, _ in rep))
                 replay_sum += r
                 replay_max = max(replay_max, r)
             dense_max = max(dense_max, dense)
             tokens_sum += tokens
             tokens_max = max(tokens_max, tokens)
+        share = 0.5 if tbo else 1.0
         ep = self.shape.ep
-        moe = self.moe_s(imbalance * tokens_sum / ep, "prefill")
-        comm = self.a2a_s(tokens_max, "prefill")
+        moe = self.moe_s(share * imbalance * tokens_sum / ep, "prefill")
+        comm = self.a2a_s(share * tokens_max, "prefill")
         if replay_sum:
-            moe += self.moe_s(imbalance * replay_sum / ep, "replay")
-            comm += self.a2a_s(replay_max, "replay")
-        return self.compose(dense_max, moe, comm)
+            moe += self.moe_s(share * imbalance * replay_sum / ep, "replay")
+            comm += self.a2a_s(share * replay_max, "replay")
+        return dense_max, moe, comm
+
+    def prefill_step(
+        self,
+        ranks: Sequence[Sequence[Chunk]],
+        imbalance: float = 1.0,
+        replay: Sequence[Sequence[Chunk]] = (),
+    ) -> float:
+        """Step time of a prefill instance whose DP ranks compute the given chunks through the
+        prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
+        parts = self._prefill_parts(ranks, imbalance, replay)
+        return self.compose_tbo(*parts) if self.shape.two_batch_overlap else self.compose(*parts)
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
         """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step
@@ -275,20 +280,28 @@ class StepCost(ABC):
         self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float, imbalance: float = 1.0
     ) -> float:
         """Lockstep step time of a Wide-EP decode group: the slowest rank sets the pace."""
+        if self.shape.two_batch_overlap:
+            batch, kv_tokens = batch * 0.5, kv_tokens * 0.5
         dense_max = float(self.decode_dense(batch, kv_tokens, verify).max())
         moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
         comm = self.a2a_s(float(batch.max()) * verify, "decode")
+        if self.shape.two_batch_overlap:
+            return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
 
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         """The decode step from per-rank rows ``load = [batch; kv_tokens; tokens; kv-weighted
         tokens]``: tokens = Σ (1 + verify) over the rank's sequences, and the last row weights
         each computed token by its sequence's context (its attention work)."""
+        if self.shape.two_batch_overlap:
+            load = load * 0.5
         batch, kv, tokens = load[0], load[1], load[2]
         verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
         dense_max = float(self.decode_dense(batch, kv, verify).max())
         moe = self.moe_s(imbalance * float(tokens.sum()) / self.shape.ep, "decode")
         comm = self.a2a_s(float(tokens.max()), "decode")
+        if self.shape.two_batch_overlap:
+            return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
 
 
@@ -311,8 +324,12 @@ class RooflineStepCost(StepCost):
         eff = params.gemm_efficiency
         dense_rate = hw.flops(compute_class(model.precision.dense)) * eff
         self._expert_rate = hw.flops(compute_class(model.precision.experts)) * eff
-        attn_rate = hw.flops(params.attention_dtype) * params.attention_efficiency
-        self._attn_rate = attn_rate
+
+        def attention_rate(dtype: str | None) -> float:
+            return hw.flops(dtype or params.attention_dtype) * params.attention_efficiency
+
+        attn_rate = attention_rate(params.decode_attention_dtype)
+        self._attn_rate = attention_rate(params.prefill_attention_dtype)  # prefill and replay
         bw = hw.hbm_bytes_per_s * params.memory_efficiency
         self._bw = bw
         ep, red = shape.ep, shape.redundant_experts_per_gpu
@@ -332,6 +349,7 @@ class RooflineStepCost(StepCost):
         # prefill, per rank: compute = tokens·p_tok + attention FLOPs / attn_rate;
         # memory = p_mem0 + tokens·p_mem_tok (dense weights of the prefill layers + KV written)
         self._p_tok = model.linear_flops_per_token("prefill")[0] / dense_rate
+        self._p_prefix = self.attn.prefix_flops / dense_rate
         prefill_share = model.prefill_layers / model.n_layers
         self._p_mem0 = model.dense_weight_bytes * prefill_share / bw
         self._p_mem_tok = model.kv_bytes_per_token() / bw
@@ -354,7 +372,7 @@ class RooflineStepCost(StepCost):
             ]
         )
         self._packed_offset = np.array([[0.0], [self._m0], [0.0]])
-        self._a2a = AllToAll(model, hw, ep, None, params.comm_efficiency)
+        self._a2a = AllToAll(model, hw, ep, step.all_to_all)
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
@@ -363,18 +381,23 @@ class RooflineStepCost(StepCost):
         return max(flops / self._expert_rate, self._expert_mem_s[phase])
 
     def _chunks_compute(
-        self, chunks: Sequence[Chunk], attn: TermSum, per_token: float
+        self, chunks: Sequence[Chunk], attn: TermSum, per_token: float, per_prefix: float = 0.0
     ) -> tuple[float, float]:
-        """(tokens, compute seconds) of chunks through one set of layers."""
+        """(tokens, compute seconds) of chunks through one set of layers; ``per_prefix``: dense
+        FLOPs per chunk per prefix token (MLA's up-projection of the prefix)."""
         tokens = 0.0
         flops = 0.0
+        prefix = 0.0
         for n, p in chunks:
             tokens += n
             flops += attn.chunk(n, p)
-        return tokens, tokens * per_token + flops / self._attn_rate
+            prefix += p
+        return tokens, tokens * per_token + flops / self._attn_rate + prefix * per_prefix
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
-        tokens, compute = self._chunks_compute(chunks, self.attn.prefill_flops, self._p_tok)
+        tokens, compute = self._chunks_compute(
+            chunks, self.attn.prefill_flops, self._p_tok, self._p_prefix
+        )
         if tokens <= 0:
             return 0.0
         memory = self._p_mem0 + tokens * self._p_mem_tok
@@ -398,10 +421,15 @@ class RooflineStepCost(StepCost):
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         # Hot path (once per decode step): one matrix product gives every rank's compute and
         # memory time and its token count; one max per row picks the slowest and the busiest.
+        tbo = self.shape.two_batch_overlap
+        if tbo:
+            load = load * 0.5
         compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
         moe = self.moe_s(imbalance * float(load[2].sum()) / self.shape.ep, "decode")
         comm = self.a2a_s(float(tokens_max), "decode")
+        if tbo:
+            return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:

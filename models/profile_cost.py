@@ -28,7 +28,8 @@ import numpy as np
 
 from ..calibration.profile import HardwareCoefs
 from ..errors import ConfigError
-from .cost import PHASES, AllToAll, Chunk, Phase, PoolShape, StepCost, StepParams
+from .comm import AllToAll
+from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
 from .spec import ModelSpec
 
@@ -146,7 +147,11 @@ class ProfileStepCost(StepCost):
             self._dec_kv += eng.decode_per_kv_token_s
         self._moe_layers = {ph: model.moe_layer_count(ph) for ph in PHASES}
         a2a = coefs.a2a
-        self._a2a = AllToAll(model, hw, shape.ep, a2a.latency_s, a2a.link_efficiency)
+        # the profile's measured exchange (NCCL between GPUs of one node) stands for the links
+        # inside a node; scale-out links and the kernel modes come from the step parameters
+        self._a2a = AllToAll(
+            model, hw, shape.ep, step.all_to_all, a2a.link_efficiency, a2a.latency_s
+        )
 
     def prefill_step(
         self,

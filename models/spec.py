@@ -17,7 +17,8 @@ from pydantic import Field, model_validator
 
 from ..validation import FrozenModel
 
-# Bytes per element of each storage format. The MX formats carry one 8-bit scale per 32 elements.
+# Bytes per element of each storage format. The MX formats carry one 8-bit scale per 32 elements;
+# NVFP4 one FP8 (E4M3) scale per 16 (plus a per-tensor FP32 scale, negligible).
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -26,8 +27,9 @@ DTYPE_BYTES: dict[str, float] = {
     "mxfp8": 1.0 + 1.0 / 32,
     "fp4": 0.5,
     "mxfp4": 0.5 + 1.0 / 32,
+    "nvfp4": 0.5 + 1.0 / 16,
 }
-Dtype = Literal["fp32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4", "nvfp4"]
 AttentionKind = Literal["swa", "csa", "hca", "mla"]
 
 
@@ -37,7 +39,8 @@ def dtype_bytes(dtype: str) -> float:
 
 def compute_class(dtype: str) -> str:
     """The tensor-core rate class a stored dtype computes at (mxfp4 -> fp4, ...)."""
-    return {"mxfp8": "fp8", "mxfp4": "fp4", "fp16": "bf16", "fp32": "bf16"}.get(dtype, dtype)
+    classes = {"mxfp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4", "fp16": "bf16", "fp32": "bf16"}
+    return classes.get(dtype, dtype)
 
 
 class StatedParams(FrozenModel):
@@ -84,6 +87,11 @@ class MoE(FrozenModel):
     hash_routed_layers: int = Field(0, ge=0)
     dense_ffn_width: int = Field(0, ge=0)
     expert_groups: int = Field(1, ge=1, description="routing groups (hierarchical EPLB)")
+    topk_groups: int | None = Field(
+        None,
+        ge=1,
+        description="node-limited routing: the groups one token may use (None: no limit)",
+    )
 
     @model_validator(mode="after")
     def _topk_fits(self) -> MoE:
@@ -91,6 +99,8 @@ class MoE(FrozenModel):
             raise ValueError("top_k cannot exceed routed_experts")
         if self.routed_experts % self.expert_groups:
             raise ValueError("expert_groups must divide routed_experts")
+        if self.topk_groups is not None and self.topk_groups > self.expert_groups:
+            raise ValueError("topk_groups cannot exceed expert_groups")
         return self
 
 
@@ -237,10 +247,10 @@ class ModelSpec(FrozenModel):
     def dense_weight_bytes(self) -> float:
         return self.dense_params * dtype_bytes(self.precision.dense)
 
-    def experts_per_gpu(self, ep: int, redundant_per_gpu: int = 0) -> float:
+    def experts_per_gpu(self, ep: int, redundant_per_gpu: float = 0) -> float:
         return self.moe.routed_experts / ep + redundant_per_gpu
 
-    def weight_bytes_per_gpu(self, ep: int, redundant_per_gpu: int = 0) -> float:
+    def weight_bytes_per_gpu(self, ep: int, redundant_per_gpu: float = 0) -> float:
         """HBM for weights on one EP rank: full dense copy + its owned and redundant experts."""
         layers = self.moe_layer_count("decode")
         experts = self.experts_per_gpu(ep, redundant_per_gpu) * layers * self.expert_bytes

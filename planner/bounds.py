@@ -53,7 +53,7 @@ def prefill_tokens_per_s(sc: Scenario) -> float:
     pool = sc.pools.prefill
     model = load_model(sc.model)
     cost = make_step_cost(
-        sc, "prefill", model, load_hardware(pool.hardware), pool.ep, pool.redundant_experts_per_gpu
+        sc, "prefill", model, load_hardware(pool.hardware), pool.ep, pool.redundant_per_gpu
     )
     n = pool.max_tokens_per_step
     step = cost.prefill_step([[(n, 0)]] * pool.ep, sc.policies.expert_imbalance.prefill)

@@ -60,12 +60,14 @@ class CountingEnvironment(simpy.Environment):
 
 
 def make_step_cost(
-    sc: Scenario, pool: str, model: ModelSpec, hw: HardwareSpec, ep: int, redundant: int
+    sc: Scenario, pool: str, model: ModelSpec, hw: HardwareSpec, ep: int, redundant: float
 ) -> StepCost:
-    """The pool's StepCost: the roofline, or the named calibration profile on this hardware."""
+    """The pool's StepCost: the roofline, or the named calibration profile on this hardware
+    (with the pool's two-batch-overlap setting)."""
     cm = sc.cost_model
     ref = cm.for_pool(pool)
-    shape = PoolShape(ep, redundant)
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    shape = PoolShape(ep, redundant, pool != "vision" and cfg.two_batch_overlap)
     if ref == "roofline":
         return RooflineStepCost(model, hw, shape, cm.roofline, cm.step)
     profile = load_profile(ref)
@@ -76,7 +78,7 @@ def make_step_cost(
 def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:
     """KV tokens one decode rank can hold after its weights and activation reserve."""
     pool = sc.pools.decode
-    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_experts_per_gpu)
+    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_per_gpu)
     free = hw.hbm_bytes - weights - pool.activation_reserve_bytes
     if free <= 0:
         raise ConfigError(
@@ -89,7 +91,7 @@ def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) 
 
 def check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None:
     pool = sc.pools.prefill
-    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_experts_per_gpu)
+    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_per_gpu)
     if weights >= hw.hbm_bytes:
         raise ConfigError(
             "pools.prefill.ep",
@@ -129,7 +131,15 @@ def make_group_experts(
         return None
     cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
     policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
-    shape = group_shape(sc, pool, cfg.ep, cfg.redundant_experts_per_gpu)
+    slots = cfg.redundant_per_gpu
+    if slots != int(slots):
+        raise ConfigError(
+            f"pools.{pool}.redundant_experts",
+            f"live EPLB places whole redundant slots per rank: {cfg.redundant_experts} over "
+            f"ep={cfg.ep} leaves {slots:.3f} per GPU (use a multiple of ep, or "
+            f"policies.eplb.imbalance: constant)",
+        )
+    shape = group_shape(sc, pool, cfg.ep, int(slots))
     return GroupExperts(load, policy, shape, stream(sc.seed, f"experts/{name}"))
 
 
@@ -203,7 +213,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         cl.count_end()
 
     decode_cost = make_step_cost(
-        sc, "decode", model, hw["decode"], pools.decode.ep, pools.decode.redundant_experts_per_gpu
+        sc, "decode", model, hw["decode"], pools.decode.ep, pools.decode.redundant_per_gpu
     )
     for g in range(pools.decode.groups):
         cl.decode.append(
@@ -267,7 +277,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         model,
         hw["prefill"],
         pools.prefill.ep,
-        pools.prefill.redundant_experts_per_gpu,
+        pools.prefill.redundant_per_gpu,
     )
     cl.path = PrefillPath(
         sc,

@@ -64,7 +64,7 @@ def _group(
     hw = load_hardware(pool.hardware)
     env = simpy.Environment()
     table = RequestTable(src)
-    cost = make_step_cost(sc, "decode", model, hw, pool.ep, pool.redundant_experts_per_gpu)
+    cost = make_step_cost(sc, "decode", model, hw, pool.ep, pool.redundant_per_gpu)
     kv_cap = decode_kv_capacity_tokens(sc, model, hw)
     overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
     spec = make_spec_decoder(sc, model, src, pool.ep * pool.max_seqs_per_rank, 0)

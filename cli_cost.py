@@ -1,0 +1,279 @@
+"""``deepinfer-sim cost``: one pool's step time, where it goes, and its throughput at a steady
+load — straight from the pool's cost model (:mod:`deepinfer_sim.sim.steady`), no simulation.
+
+``cli.py`` registers the command on the main group. Like the rest of the CLI, every mistake —
+an option out of range, an option that does not apply to the pool, a config error — is one
+``error:`` line on stderr naming the option or key, and exit status 2; the command turns click's
+own usage errors into that line too, so it reads the same whether invoked under ``main`` or on
+its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from .cli_common import console, overrides_option, user_errors
+from .errors import UserError
+
+if TYPE_CHECKING:
+    from .scenario import Scenario
+    from .sim.steady import SteadyPoint
+
+
+class _UsageAsError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class _Command(click.Command):
+    """Reports a bad option value as one ``error:`` line (no usage banner)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _UsageAsError(exc.format_message()) from None
+
+
+_POSITIVE = click.FloatRange(min=0, min_open=True)
+
+_DECODE_ONLY = ("batch", "context", "verify", "accept", "user_speed")
+_PREFILL_ONLY = ("tokens", "prompt")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@click.command("cost", cls=_Command)
+@click.argument("config", default="default")
+@click.option(
+    "--pool", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True
+)
+@click.option("--batch", type=_POSITIVE, help="decode: sequences per GPU.")
+@click.option("--context", type=click.IntRange(0), help="decode: context tokens per sequence.")
+@click.option(
+    "--verify",
+    type=click.FloatRange(min=1),
+    help="decode: tokens computed per sequence-step, 1 + drafts verified (default: the "
+    "scenario's speculative policy; dspark: its full draft length).",
+)
+@click.option(
+    "--accept",
+    type=click.FloatRange(min=1),
+    help="decode: tokens emitted per sequence-step (default: expected under the scenario's "
+    "acceptance model at this verify length).",
+)
+@click.option(
+    "--user-speed",
+    type=_POSITIVE,
+    metavar="TOK_S",
+    help="decode, instead of --batch: the largest batch per GPU giving each user TOK_S tokens/s.",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1),
+    default=1024,
+    show_default=True,
+    help="decode with --user-speed: the largest batch per GPU searched.",
+)
+@click.option(
+    "--tokens",
+    type=click.IntRange(1),
+    help="prefill: new tokens per GPU per step (default: pools.prefill.max_tokens_per_step).",
+)
+@click.option("--prompt", type=click.IntRange(1), help="prefill: prompt length (no prefix).")
+@click.option(
+    "--cost-model",
+    metavar="roofline|PROFILE",
+    help="Cost model of the pool (overrides cost_model.<pool>).",
+)
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the point.")
+@overrides_option("Override a config value by dotted key, e.g. --set pools.decode.ep=32.")
+@user_errors
+def cost(
+    config: str,
+    pool: str,
+    batch: float | None,
+    context: int | None,
+    verify: float | None,
+    accept: float | None,
+    user_speed: float | None,
+    max_batch: int,
+    tokens: int | None,
+    prompt: int | None,
+    cost_model: str | None,
+    json_file: str | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Step time, its breakdown and tokens/s per GPU, node and user of one pool of CONFIG at a
+    steady load, from the pool's cost model (no simulation).
+
+    \b
+    decode:  every GPU holds --batch sequences of --context tokens (or, with --user-speed,
+             the largest batch that still gives each user that speed)
+    prefill: every GPU computes --tokens new tokens a step as whole --prompt-token prompts
+    """
+    from .scenario import load_scenario
+    from .sim import steady
+
+    given = {
+        "batch": batch,
+        "context": context,
+        "verify": verify,
+        "accept": accept,
+        "user_speed": user_speed,
+        "tokens": tokens,
+        "prompt": prompt,
+    }
+    foreign = _PREFILL_ONLY if pool == "decode" else _DECODE_ONLY
+    for name in foreign:
+        if given[name] is not None:
+            raise UserError(f"{_flag(name)} does not apply to --pool {pool}")
+    over = list(overrides)
+    if cost_model is not None:
+        if not cost_model.strip():
+            raise UserError("--cost-model: empty; give roofline or a profile name or path")
+        over.append(f"cost_model.{pool}={cost_model}")
+    if pool == "decode":
+        if context is None:
+            raise UserError("--context is required with --pool decode")
+        if batch is None and user_speed is None:
+            raise UserError("--batch (or --user-speed) is required with --pool decode")
+        if batch is not None and user_speed is not None:
+            raise UserError("give --batch or --user-speed, not both")
+    elif prompt is None:
+        raise UserError("--prompt is required with --pool prefill")
+
+    sc = load_scenario(config, over)
+    notes: list[str] = []
+    if pool == "decode":
+        assert context is not None
+        _check_speculative(sc, verify, accept, notes)
+        if user_speed is not None:
+            point = steady.decode_at_user_speed(sc, context, user_speed, verify, accept, max_batch)
+        else:
+            assert batch is not None
+            point = steady.decode_point(sc, batch, context, verify, accept)
+        notes += _decode_notes(sc, point, max_batch)
+    else:
+        assert prompt is not None
+        tokens = sc.pools.prefill.max_tokens_per_step if tokens is None else tokens
+        if prompt > tokens:
+            raise UserError(
+                f"--prompt ({prompt:,}) must not exceed --tokens ({tokens:,}): a prefill point "
+                "computes whole prompts in one step"
+            )
+        point = steady.prefill_point(sc, tokens, prompt)
+        if tokens % prompt:
+            notes.append(
+                f"{tokens:,} is not a multiple of {prompt:,}: the last chunk is a partial prompt "
+                f"of {tokens % prompt:,} tokens"
+            )
+    _print_point(point, notes)
+    if json_file:
+        Path(json_file).write_text(json.dumps(point.as_dict(), indent=1) + "\n", encoding="utf-8")
+
+
+def _check_speculative(
+    sc: Scenario, verify: float | None, accept: float | None, notes: list[str]
+) -> None:
+    """Resolve the verify length up front, so that a bad --accept names the option."""
+    from .sim.steady import default_verify
+
+    spec = sc.policies.speculative
+    v = default_verify(sc) if verify is None else verify
+    if accept is not None and accept > v:
+        raise UserError(
+            f"--accept ({accept:g}) must not exceed the tokens verified per sequence-step "
+            f"({v:g}; set --verify)"
+        )
+    if verify is None and spec.policy == "dspark":
+        notes.append(
+            "verify: dspark's full draft length (its mean verify length is set at run time by "
+            "its confidence cut-off and is not known offline; pass --verify)"
+        )
+
+
+def _decode_notes(sc: Scenario, p: SteadyPoint, max_batch: int) -> list[str]:
+    notes = []
+    if p.meets_speed is False:
+        notes.append(
+            f"even 1 sequence per GPU gives only {p.tokens_per_s_per_user:,.1f} tok/s per user "
+            f"(< {p.user_tok_s:g})"
+        )
+    elif p.meets_speed and p.batch_per_gpu == max_batch:
+        notes.append(f"the search stopped at --max-batch {max_batch}")
+    if p.kv_fits is False:
+        notes.append(
+            f"KV does not fit: {p.kv_tokens_per_gpu:,.0f} tokens per GPU needed, "
+            f"{p.kv_capacity_tokens_per_gpu:,.0f} fit"
+        )
+    cap = sc.pools.decode.max_seqs_per_rank
+    if p.batch_per_gpu is not None and p.batch_per_gpu > cap:
+        notes.append(f"batch exceeds pools.decode.max_seqs_per_rank ({cap})")
+    return notes
+
+
+_LABELS = {
+    "dense": "dense, context-free",
+    "attention": "attention over context",
+    "experts": "routed experts",
+    "a2a_exposed": "all-to-all, exposed",
+    "overhead": "step overhead",
+    "speculative": "speculative overhead",
+}
+
+
+def _print_point(p: SteadyPoint, notes: list[str]) -> None:
+    from rich.table import Table
+
+    if p.pool == "decode":
+        assert p.batch_per_gpu is not None and p.verify is not None and p.accept is not None
+        load = (
+            f"{p.batch_per_gpu:,.4g} sequences/GPU at {p.context:,} tokens, "
+            f"verify {p.verify:.3g}, accept {p.accept:.3g}"
+        )
+        if p.meets_speed is not None:
+            load += (
+                f"\nthe largest batch giving each user ≥ {p.user_tok_s:g} tok/s"
+                if p.meets_speed
+                else f"\nno batch gives each user {p.user_tok_s:g} tok/s"
+            )
+        unit = "output tok/s"
+    else:
+        load = f"{p.tokens_per_gpu:,} tokens/GPU as {p.prompt:,}-token prompts"
+        unit = "prompt tok/s"
+    t = Table(
+        title=f"{p.pool} EP{p.ep} on {p.hardware}, {p.cost_model}, imbalance {p.imbalance:g}"
+        f"\n{load}",
+        header_style="bold",
+    )
+    t.add_column("component")
+    t.add_column("ms", justify="right")
+    t.add_column("% of step", justify="right")
+    for key, seconds in p.breakdown.items():
+        if key == "a2a_hidden" or (key == "speculative" and not seconds):
+            continue
+        t.add_row(_LABELS.get(key, key), f"{seconds * 1e3:,.3f}", f"{seconds / p.step_s:.1%}")
+    t.add_section()
+    t.add_row("step", f"{p.step_s * 1e3:,.3f}", "100.0%", style="bold")
+    hidden = p.breakdown.get("a2a_hidden", 0.0)
+    t.add_row("all-to-all hidden behind compute", f"{hidden * 1e3:,.3f}", "-", style="dim")
+    rates = Table(header_style="bold")
+    rates.add_column("throughput")
+    rates.add_column(unit, justify="right")
+    rates.add_row("per GPU", f"{p.tokens_per_s_per_gpu:,.0f}")
+    rates.add_row(f"per node ({p.gpus_per_node} GPUs)", f"{p.tokens_per_s_per_node:,.0f}")
+    rates.add_row("per user", f"{p.tokens_per_s_per_user:,.1f}")
+    con = console()
+    con.print(t)
+    con.print(rates)
+    for note in notes:
+        con.print(f"note: {note}")

@@ -1,0 +1,245 @@
+"""Steady operating points of one pool (``sim/steady.py``) and ``deepinfer-sim cost``.
+
+A steady point asks the pool's StepCost one question — how long is a step when every rank carries
+this load — and reads throughput off the answer, with no simulation. These tests pin what a
+reader of ``deepinfer-sim cost`` relies on: the breakdown accounts for the whole step; throughput
+is tokens emitted over step time; the cost responds to load the way a GPU does (more context, more
+attention; a bigger batch, more tokens per GPU but fewer per user); the user-speed search returns
+the edge of what meets the speed; the default acceptance is the expectation of the simulator's
+own draft-acceptance process. The command prints the point, writes it as JSON, and reports a bad
+option as one ``error:`` line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from deepinfer_sim.cli import main
+from deepinfer_sim.scenario import Acceptance, Scenario, load_scenario
+from deepinfer_sim.sim.speculative import ClassAcceptance, SpecDecoder
+from deepinfer_sim.sim.steady import (
+    SteadyPoint,
+    decode_at_user_speed,
+    decode_point,
+    default_accept,
+    default_verify,
+    expected_accepted,
+    prefill_point,
+)
+
+
+@pytest.fixture(scope="module")
+def sc() -> Scenario:
+    return load_scenario("default")
+
+
+def step_parts(p: SteadyPoint) -> float:
+    """Every component that is part of the step: all but the all-to-all hidden by compute."""
+    return sum(v for k, v in p.breakdown.items() if k != "a2a_hidden")
+
+
+def test_the_breakdown_adds_up_to_the_step(sc):
+    """Dense, attention, experts, exposed all-to-all, overhead (and dspark's own overhead) are
+    the whole step; the hidden all-to-all is reported beside them, not inside."""
+    points = [
+        decode_point(sc, 60, 8192),
+        decode_point(sc, 4, 131072, verify=2, accept=1.5),
+        prefill_point(sc, 16384, 4096),
+        prefill_point(sc, 10000, 4096),
+    ]
+    dspark = load_scenario("default", ["policies.speculative.overhead_s=0.001"])
+    points.append(decode_point(dspark, 60, 8192))
+    assert points[-1].breakdown["speculative"] == 0.001
+    for p in points:
+        assert step_parts(p) == pytest.approx(p.step_s, rel=1e-12)
+        assert all(v >= 0 for v in p.breakdown.values())
+
+
+def test_decode_throughput_is_tokens_emitted_over_step_time(sc):
+    p = decode_point(sc, 48, 8192, verify=3, accept=2.2)
+    assert p.tokens_per_s_per_gpu == pytest.approx(48 * 2.2 / p.step_s)
+    assert p.tokens_per_s_per_user == pytest.approx(2.2 / p.step_s)
+    assert p.tokens_per_s_per_node == pytest.approx(p.tokens_per_s_per_gpu * p.gpus_per_node)
+    assert (p.ep, p.pool) == (sc.pools.decode.ep, "decode")
+
+
+def test_more_context_costs_more_attention(sc):
+    short, long = decode_point(sc, 32, 4096), decode_point(sc, 32, 65536)
+    assert long.breakdown["attention"] > short.breakdown["attention"]
+    assert long.step_s > short.step_s
+    assert decode_point(sc, 32, 0).breakdown["attention"] == 0.0
+
+
+def test_a_bigger_batch_trades_per_user_speed_for_per_gpu_throughput(sc):
+    small, big = decode_point(sc, 8, 8192), decode_point(sc, 128, 8192)
+    assert big.tokens_per_s_per_gpu > small.tokens_per_s_per_gpu
+    assert big.tokens_per_s_per_user < small.tokens_per_s_per_user
+
+
+def test_user_speed_search_returns_the_largest_batch_that_meets_it(sc):
+    """Aim at the speed one sequence gets at batch 37: the search lands on 37 or (if the step
+    time is flat there) a little above, and one more sequence per GPU misses the speed."""
+    target = decode_point(sc, 37, 8192).tokens_per_s_per_user
+    p = decode_at_user_speed(sc, 8192, target)
+    assert p.meets_speed is True and p.user_tok_s == target
+    assert p.batch_per_gpu is not None and p.batch_per_gpu >= 37
+    assert p.batch_per_gpu == int(p.batch_per_gpu)
+    assert p.tokens_per_s_per_user >= target
+    assert decode_point(sc, p.batch_per_gpu + 1, 8192).tokens_per_s_per_user < target
+
+
+def test_user_speed_search_edges(sc):
+    too_fast = decode_at_user_speed(sc, 8192, 1e9)
+    assert (too_fast.batch_per_gpu, too_fast.meets_speed) == (1.0, False)
+    slow = decode_at_user_speed(sc, 8192, 1e-3, max_batch=50)
+    assert (slow.batch_per_gpu, slow.meets_speed) == (50.0, True)
+
+
+def test_prefill_point_on_the_default_scenario(sc):
+    """Four 4K prompts per rank, no prefix: the context part of attention is zero (attention
+    within a prompt is part of the context-free dense time) and a prompt's rate is its length
+    over the step."""
+    p = prefill_point(sc, 16384, 4096)
+    assert (p.pool, p.ep, p.tokens_per_gpu, p.prompt) == (
+        "prefill",
+        sc.pools.prefill.ep,
+        16384,
+        4096,
+    )
+    assert p.breakdown["attention"] == 0.0
+    assert p.tokens_per_s_per_gpu == pytest.approx(16384 / p.step_s)
+    assert p.tokens_per_s_per_user == pytest.approx(4096 / p.step_s)
+    assert p.tokens_per_s_per_node == pytest.approx(p.tokens_per_s_per_gpu * p.gpus_per_node)
+    # the same tokens in longer prompts cost more (attention is quadratic within a prompt)
+    assert prefill_point(sc, 16384, 16384).step_s > p.step_s
+    assert "batch_per_gpu" not in p.as_dict() and "tokens_per_gpu" in p.as_dict()
+
+
+def test_default_verify_follows_the_speculative_policy():
+    def verify(policy: str, *extra: str) -> float:
+        return default_verify(
+            load_scenario("default", [f"policies.speculative.policy={policy}", *extra])
+        )
+
+    assert verify("none") == 1
+    assert verify("mtp1") == 2
+    assert verify("fixed", "policies.speculative.fixed_k=3") == 4
+    assert verify("dspark", "policies.speculative.max_draft_tokens=4") == 5
+    assert default_accept(load_scenario("default", ["policies.speculative.policy=none"]), 1) == 1
+
+
+def test_expected_acceptance_matches_the_simulators_sampling():
+    """The closed form against the simulator's own acceptance draw (fixed verify length,
+    fixed seed): easiness from the Beta, the draft chain cut at the first rejection."""
+    acc = Acceptance(mean=0.6, concentration=2.0, position_decay=0.9)
+    n, drafts = 200_000, 4
+    dec = SpecDecoder(
+        "fixed", drafts, drafts, 0, 0.0, 0.0, 1,
+        [ClassAcceptance(acc.mean, acc.concentration, acc.position_decay)],
+        n, np.random.default_rng(7),
+    )  # fmt: skip
+    for slot in range(n):
+        dec.admit(slot, 0)
+    live = np.ones(n, dtype=bool)
+    dec.choose(n, live, lambda extra: 1.0)
+    emitted = dec.accept(n, live, np.full(n, 1000))
+    assert emitted.mean() == pytest.approx(expected_accepted(acc, drafts), abs=0.01)
+    assert expected_accepted(acc, 0) == 1.0
+    # a fractional draft count interpolates between its neighbours
+    mid = expected_accepted(acc, 2.5)
+    assert mid == pytest.approx((expected_accepted(acc, 2) + expected_accepted(acc, 3)) / 2)
+
+
+# ---- the command -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli():
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(main, ["cost", *args], catch_exceptions=False)
+
+    return invoke
+
+
+def test_cost_decode_prints_the_breakdown_and_writes_json(cli, tmp_path):
+    out = tmp_path / "decode.json"
+    res = cli("default", "--pool", "decode", "--batch", "60", "--context", "8192",
+              "--verify", "3", "--accept", "2", "--json", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    for text in ("routed experts", "attention over context", "step", "per GPU", "per user"):
+        assert text in res.output
+    data = json.loads(out.read_text())
+    assert {"pool", "cost_model", "step_s", "breakdown", "tokens_per_s_per_gpu",
+            "tokens_per_s_per_user", "tokens_per_s_per_node", "batch_per_gpu", "context",
+            "verify", "accept"} <= set(data)  # fmt: skip
+    assert (data["pool"], data["batch_per_gpu"], data["verify"], data["accept"]) == (
+        "decode",
+        60,
+        3,
+        2,
+    )
+    assert sum(v for k, v in data["breakdown"].items() if k != "a2a_hidden") == pytest.approx(
+        data["step_s"]
+    )
+    assert data["tokens_per_s_per_gpu"] == pytest.approx(60 * 2 / data["step_s"])
+
+
+def test_cost_prefill_and_cost_model_override(cli, tmp_path):
+    out = tmp_path / "prefill.json"
+    res = cli("default", "--pool", "prefill", "--tokens", "16384", "--prompt", "4096",
+              "--cost-model", "roofline", "--json", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "prompt tok/s" in res.output
+    data = json.loads(out.read_text())
+    assert (data["pool"], data["cost_model"], data["tokens_per_gpu"], data["prompt"]) == (
+        "prefill",
+        "roofline",
+        16384,
+        4096,
+    )
+    assert data["tokens_per_s_per_user"] == pytest.approx(4096 / data["step_s"])
+
+
+def test_cost_user_speed(cli, tmp_path):
+    out = tmp_path / "speed.json"
+    res = cli("default", "--context", "8192", "--user-speed", "100", "--json", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["meets_speed"] is True and data["tokens_per_s_per_user"] >= 100
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pool", "decode", "--context", "8192"], "--batch"),
+        (["--pool", "decode", "--batch", "60"], "--context"),
+        (["--pool", "decode", "--batch", "-4", "--context", "8192"], "--batch"),
+        (["--pool", "decode", "--batch", "4", "--context", "-1"], "--context"),
+        (["--pool", "storage"], "--pool"),
+        (["--pool", "prefill", "--tokens", "4096"], "--prompt"),
+        (["--pool", "prefill", "--prompt", "8192", "--tokens", "4096"], "--prompt"),
+        (["--pool", "prefill", "--prompt", "4096", "--batch", "8"], "--batch"),
+        (["--batch", "4", "--context", "8", "--verify", "2", "--accept", "3"], "--accept"),
+        (["--batch", "4", "--context", "8", "--user-speed", "50"], "--user-speed"),
+        (["--batch", "4", "--context", "8", "--cost-model", "no-such"], "cost_model.decode"),
+        (["--batch", "4", "--context", "8", "--set", "pools.decode.epp=3"], "pools.decode.epp"),
+    ],
+)
+def test_cost_bad_input_is_one_error_line(cli, args, message):
+    res = cli("default", *args)
+    assert res.exit_code == 2
+    assert res.output.startswith("error:") and res.output.count("error:") == 1
+    assert message in res.output
+    assert "Traceback" not in res.output and "Usage:" not in res.output
+
+
+def test_cost_unknown_scenario(cli):
+    res = cli("no-such-scenario", "--batch", "4", "--context", "8")
+    assert res.exit_code == 2 and res.output.startswith("error:")
+    assert "no scenario file or bundled scenario" in res.output
