@@ -15,6 +15,10 @@ import click
 from .cli_common import user_errors
 
 
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 @click.command()
 @click.option(
     "--cost-model",
@@ -51,8 +55,8 @@ def validate(
             r.file,
             r.name,
             r.cost_model,
-            f"{r.published:,.0f}",
-            f"{r.simulated:,.0f}",
+            _num(r.published),
+            _num(r.simulated),
             f"{r.ratio:.2f}",
             "yes" if r.within else f"no (±{r.tolerance:.0%})",
         )

@@ -14,6 +14,8 @@ and a ``tolerance`` (relative). Quantities:
   of ``context`` tokens (the scenario's speculative policy sets tokens verified and accepted).
 - ``decode_tok_s_per_node_at_user_speed``: the same at the largest batch whose sequences still
   get ``user_tok_s`` output tokens per second each, at ``context`` tokens.
+- ``prefill_tbo_speedup``: prefill throughput with two-batch overlap over the same step with no
+  overlap at all (the all-to-all after the compute), at a ``prefill_tok_s_per_node`` point.
 
 Each case is evaluated with every cost model asked for (the roofline, a profile): the scenario's
 ``cost_model`` is replaced for both pools. No per-case factors: what a case needs is in the
@@ -42,12 +44,14 @@ Quantity = Literal[
     "prefill_input_tok_s_per_node",
     "decode_tok_s_per_node",
     "decode_tok_s_per_node_at_user_speed",
+    "prefill_tbo_speedup",
 ]
 POINT_KEYS: dict[str, tuple[str, ...]] = {
     "prefill_tok_s_per_node": ("tokens_per_gpu", "prompt"),
     "prefill_input_tok_s_per_node": ("tokens_per_gpu", "prompt", "cached_fraction"),
     "decode_tok_s_per_node": ("batch_per_gpu", "context"),
     "decode_tok_s_per_node_at_user_speed": ("user_tok_s", "context"),
+    "prefill_tbo_speedup": ("tokens_per_gpu", "prompt"),
 }
 
 
@@ -130,6 +134,11 @@ def _prefill_input_rate(
     return computed * prompt / new, step
 
 
+def _with_tbo(sc: Any, on: bool) -> Any:
+    prefill = sc.pools.prefill.model_copy(update={"two_batch_overlap": on})
+    return sc.pools.model_copy(update={"prefill": prefill})
+
+
 def evaluate(case: Case, sc: Any) -> tuple[float, float]:
     """(simulated value, step seconds) of one case on one scenario."""
     pt = case.point
@@ -137,6 +146,20 @@ def evaluate(case: Case, sc: Any) -> tuple[float, float]:
         p = steady.prefill_point(sc, int(pt["tokens_per_gpu"]), int(pt["prompt"]))
     elif case.quantity == "prefill_input_tok_s_per_node":
         return _prefill_input_rate(sc, pt["tokens_per_gpu"], pt["prompt"], pt["cached_fraction"])
+    elif case.quantity == "prefill_tbo_speedup":
+        tokens, prompt = int(pt["tokens_per_gpu"]), int(pt["prompt"])
+        on = sc.model_copy(update={"pools": _with_tbo(sc, True)})
+        off = sc.model_copy(
+            update={
+                "pools": _with_tbo(sc, False),
+                "cost_model": sc.cost_model.model_copy(
+                    update={"step": sc.cost_model.step.model_copy(update={"comm_overlap": 0.0})}
+                ),
+            }
+        )
+        fast = steady.prefill_point(on, tokens, prompt)
+        slow = steady.prefill_point(off, tokens, prompt)
+        return fast.tokens_per_s_per_node / slow.tokens_per_s_per_node, fast.step_s
     elif case.quantity == "decode_tok_s_per_node":
         p = steady.decode_point(sc, pt["batch_per_gpu"], int(pt["context"]))
     else:

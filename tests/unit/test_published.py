@@ -13,7 +13,7 @@ from deepinfer_sim.sim.published import case_files, run_cases
 
 CASES = {
     "deepseek-v3-profile-h800": 2,
-    "sglang-v3-h100-96gpu": 4,
+    "sglang-v3-h100-96gpu": 5,
     "deepseek-v3-production-h800": 2,
 }
 
@@ -22,7 +22,7 @@ def test_the_three_published_deployments_ship_with_sources() -> None:
     files = {cf.name: cf for _, cf in case_files()}
     assert {k: len(v.cases) for k, v in files.items()} == CASES
     for cf in files.values():
-        assert cf.source and all(c.tolerance == 0.15 for c in cf.cases)
+        assert cf.source and all(0 < c.tolerance <= 0.15 for c in cf.cases)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_cases_within_tolerance_as_measured(results) -> None:
         "decode, batch 128 per GPU, 4K context, EP128",
         "roofline",
     ) in within
-    assert len(within) >= 11
+    assert len(within) >= 12
 
 
 def test_validate_command_prints_and_writes_json(tmp_path: Path) -> None:
