@@ -28,13 +28,12 @@ from .traces.sessions import SessionWorkload
 from .validation import FrozenModel, read_yaml, validate
 
 
-class PrefillPool(FrozenModel):
-    """Prefill instances: EP = DP within an instance, no tensor/context parallelism."""
+class ExpertParallelPool(FrozenModel):
+    """What prefill instances and decode groups share: expert-parallel ranks with redundant
+    expert slots, and how a step overlaps its all-to-all."""
 
-    instances: int = Field(16, ge=1)
-    ep: int = Field(4, ge=1, le=64, description="expert-parallel width (= DP) of one instance")
-    hardware: str = "gb200"
-    redundant_experts_per_gpu: int = Field(4, ge=0)
+    ep: int = Field(1, ge=1, description="expert-parallel width (= DP)")
+    redundant_experts_per_gpu: int = Field(0, ge=0)
     redundant_experts: int | None = Field(
         None,
         ge=0,
@@ -46,6 +45,22 @@ class PrefillPool(FrozenModel):
         description="split each step into two micro-batches whose all-to-all hides behind the "
         "other's compute (replaces cost_model.step.comm_overlap for this pool)",
     )
+
+    @property
+    def redundant_per_gpu(self) -> float:
+        """Redundant expert slots per GPU (fractional when a group's total does not divide)."""
+        if self.redundant_experts is not None:
+            return self.redundant_experts / self.ep
+        return float(self.redundant_experts_per_gpu)
+
+
+class PrefillPool(ExpertParallelPool):
+    """Prefill instances: EP = DP within an instance, no tensor/context parallelism."""
+
+    instances: int = Field(16, ge=1)
+    ep: int = Field(4, ge=1, le=64, description="expert-parallel width (= DP) of one instance")
+    hardware: str = "gb200"
+    redundant_experts_per_gpu: int = Field(4, ge=0)
     max_tokens_per_step: int = Field(
         32768, ge=1, description="token budget of one DP rank's prefill step"
     )
@@ -62,32 +77,14 @@ class PrefillPool(FrozenModel):
     def gpus(self) -> int:
         return self.instances * self.ep
 
-    @property
-    def redundant_per_gpu(self) -> float:
-        """Redundant expert slots per GPU (fractional when a group's total does not divide)."""
-        if self.redundant_experts is not None:
-            return self.redundant_experts / self.ep
-        return float(self.redundant_experts_per_gpu)
 
-
-class DecodePool(FrozenModel):
+class DecodePool(ExpertParallelPool):
     """Wide-EP decode groups: EP = DP ranks stepping in lockstep."""
 
     groups: int = Field(1, ge=1)
     ep: int = Field(64, ge=1, le=1024, description="ranks per group (EP = DP)")
     hardware: str = "gb200"
     redundant_experts_per_gpu: int = Field(1, ge=0)
-    redundant_experts: int | None = Field(
-        None,
-        ge=0,
-        description="redundant expert slots of one EP group in total (DeepSeek's decode: 32 over "
-        "144 GPUs); overrides redundant_experts_per_gpu, may leave a fraction per GPU",
-    )
-    two_batch_overlap: bool = Field(
-        False,
-        description="split each step into two micro-batches whose all-to-all hides behind the "
-        "other's compute (replaces cost_model.step.comm_overlap for this pool)",
-    )
     max_seqs_per_rank: int = Field(256, ge=1)
     kv_hbm_fraction: float = Field(
         0.9, gt=0, le=1, description="share of HBM left after weights that may hold KV"
@@ -106,13 +103,6 @@ class DecodePool(FrozenModel):
     @property
     def gpus(self) -> int:
         return self.groups * self.ep
-
-    @property
-    def redundant_per_gpu(self) -> float:
-        """Redundant expert slots per GPU (fractional when a group's total does not divide)."""
-        if self.redundant_experts is not None:
-            return self.redundant_experts / self.ep
-        return float(self.redundant_experts_per_gpu)
 
 
 class VisionPool(FrozenModel):
