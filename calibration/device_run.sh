@@ -7,7 +7,8 @@
 #     bash calibration/device_run.sh check table v41          # first call
 #     bash calibration/device_run.sh v3 replay                # second call
 #
-# Stages: check (deepseek_check + DeepGEMM probe), table (kernel table), v41 / v3 / v4flash /
+# Stages: check (deepseek_check + DeepGEMM probe), table (kernel table), deepgemm (DeepGEMM's
+# masked grouped MoE GEMM against torch._scaled_grouped_mm), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or the shipped h200-deepseek profile).
@@ -59,6 +60,7 @@ for stage in "$@"; do
     check) dg=--deepgemm; [ "${DEEPGEMM_PROBE:-1}" = 0 ] && dg=
       run 150 check $P.kernels.deepseek_check --out "$OUT/check" $dg ;;
     table) run 150 table $P.calibration.kernel_table --out "$OUT/table.json" ;;
+    deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --out "$OUT/v41.yaml" ;;
     v3) run 300 v3 $CAL --model deepseek-v3 --no-vision --out "$OUT/v3.yaml" ;;
     v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision --out "$OUT/v4flash.yaml" ;;

@@ -234,3 +234,18 @@ def test_the_gpu_check_passes_on_a_gpu(tmp_path):
     from deepinfer_sim.kernels import deepseek_check
 
     assert deepseek_check.main(["--out", str(tmp_path)]) == 0
+
+
+def test_deepgemm_moe_bench_lists_its_decode_shapes(capsys):
+    """The GPU benchmark's plumbing on the CPU: the gate-up and down GEMMs of each model's
+    experts at every (experts, rows) point, with the model's own widths."""
+    from deepinfer_sim.kernels import deepgemm_moe_bench as bench
+
+    cases = bench.shapes(("deepseek-v3",))
+    assert len(cases) == 2 * len(bench.EXPERTS) * len(bench.ROWS)
+    gate_up = next(c for c in cases if c["gemm"] == "gate_up")
+    assert (gate_up["n"], gate_up["k"]) == (2 * 2048, 7168)
+    down = next(c for c in cases if c["gemm"] == "down")
+    assert (down["n"], down["k"]) == (7168, 2048)
+    assert bench.main(["--dry-run", "--models", "deepseek-v3"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(cases)
