@@ -8,14 +8,22 @@ status 2 — never a traceback.
 from __future__ import annotations
 
 import json
-import sys
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 import click
 
-from .cli_common import UserErrorGroup, console, overrides_option
+from .cli_common import (
+    Progress,
+    UserErrorGroup,
+    console,
+    overrides_option,
+    writable_dir,
+    writable_file,
+    write_text,
+)
 
 
 def _fmt(v: Any, unit: str = "") -> str:
@@ -28,6 +36,30 @@ def _fmt(v: Any, unit: str = "") -> str:
             return f"{v:,.0f}{unit}"
         return f"{v:,.3g}{unit}"
     return f"{v:,}{unit}" if isinstance(v, int) else f"{v}{unit}"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None or v != v else f"{100 * v:.1f} %"
+
+
+def _load_lines(load: dict[str, Any]) -> list[str]:
+    """How full the pools are while busy: what a capacity planner reads next to busy time."""
+    lines = []
+    dec, pre = load.get("decode"), load.get("prefill")
+    if dec:
+        lines.append(
+            f"occupancy  decode {dec['seqs_per_rank_mean']:,.1f} of {dec['max_seqs_per_rank']:,}"
+            f" sequences per rank ({_pct(dec['batch_fill'])}),"
+            f" KV {_pct(dec['kv_used_fraction_mean'])} of capacity,"
+            f" queue mean {dec['queue']['mean']:,.1f} max {dec['queue']['max']:,.0f}"
+        )
+    if pre:
+        lines.append(
+            f"           prefill {pre['tokens_per_step_mean']:,.0f} of {pre['step_token_budget']:,}"
+            f" tokens per step ({_pct(pre['step_token_fill'])}), queue mean"
+            f" {pre['queue']['mean']:,.1f} max {pre['queue']['max']:,.0f}"
+        )
+    return lines
 
 
 def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
@@ -51,9 +83,10 @@ def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
         f"throughput {_fmt(thr['request_per_s'])} req/s  input {_fmt(thr['input_tok_per_s'])} tok/s"
         f"  output {_fmt(thr['output_tok_per_s'])} tok/s  over {_fmt(thr['duration_s'])} s",
         f"goodput    {_fmt(s['goodput']['request_per_s'])} req/s "
-        f"({_fmt(s['goodput']['fraction_of_completed'])} of completed meet the SLOs)",
-        f"utilization prefill {_fmt(util['prefill'])}  decode {_fmt(util['decode'])}  "
-        f"vision {_fmt(util['vision'])}",
+        f"({_pct(s['goodput']['fraction_of_completed'])} of completed meet the SLOs)",
+        f"busy       prefill {_pct(util['prefill'])}  decode {_pct(util['decode'])}  "
+        f"vision {_pct(util['vision'])} of the time stepping",
+        *_load_lines(s.get("load", {})),
         f"cost       {cost['gpus']['total']} GPUs  ${_fmt(cost['usd_per_hour'])}/h  "
         f"${_fmt(cost['usd_per_mtok_output'])}/M output tok  revenue "
         f"${_fmt(cost['revenue_per_gpu_hour_usd'])}/GPU-h",
@@ -83,32 +116,33 @@ _overrides = overrides_option(
 @_overrides
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
+@click.option(
+    "--progress/--no-progress",
+    "progress_opt",
+    default=None,
+    help="Progress: a bar on a terminal, else a plain line to stderr every 30 s "
+    "(default: sim.progress, off with --quiet).",
+)
 def run(
-    config: str, out_dir: str | None, overrides: tuple[str, ...], no_plots: bool, quiet: bool
+    config: str,
+    out_dir: str | None,
+    overrides: tuple[str, ...],
+    no_plots: bool,
+    quiet: bool,
+    progress_opt: bool | None,
 ) -> None:
     """Simulate CONFIG (a scenario YAML path or a bundled name such as `default`)."""
     from .scenario import load_scenario
     from .sim.engine import simulate
 
     sc = load_scenario(config, list(overrides))
-    out = Path(out_dir) if out_dir else Path("runs") / sc.name
-    progress = None
-    show = sc.sim.progress and not quiet and sys.stderr.isatty()
-    if show:
-        from rich.progress import Progress
-
-        bar = Progress(console=console(stderr=True), transient=True)
-        task = bar.add_task("simulating", total=None)
-        bar.start()
-
-        def progress(now: float, ended: int, total: int) -> None:
-            bar.update(task, completed=ended, total=total, description=f"t={now:,.0f}s")
-
+    out = writable_dir(Path(out_dir) if out_dir else Path("runs") / sc.name)
+    enabled = sc.sim.progress and not quiet if progress_opt is None else progress_opt
+    progress = Progress(enabled)
     try:
-        result = simulate(sc, progress=progress)
+        result = simulate(sc, progress=progress if enabled else None)
     finally:
-        if show:
-            bar.stop()
+        progress.stop()
     result.write(out, plots=not no_plots)
     if not quiet:
         print_summary(result.summary, out)
@@ -122,7 +156,7 @@ def schema(out_file: str | None) -> None:
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if out_file:
-        Path(out_file).write_text(text, encoding="utf-8")
+        write_text(writable_file(out_file), text)
     else:
         click.echo(text, nl=False)
 
@@ -197,6 +231,8 @@ def eplb(
     from .sim.expert_parallel import Pool
 
     sc = load_scenario(config, list(overrides))
+    if json_file:
+        writable_file(json_file, "--json")
     which: Pool = "prefill" if pool == "prefill" else "decode"
     cfg = sc.pools.prefill if which == "prefill" else sc.pools.decode
     ep = ep or cfg.ep
@@ -205,7 +241,7 @@ def eplb(
     res = benchmark_point(sc, which, ep, redundant, requests, tokens, steps, step_s)
     _print_eplb(res)
     if json_file:
-        Path(json_file).write_text(json.dumps(res, indent=1) + "\n")
+        write_text(json_file, json.dumps(res, indent=1) + "\n", "--json")
 
 
 def _print_eplb(res: dict[str, Any]) -> None:
@@ -269,7 +305,7 @@ def plan(
     sc = load_scenario(config, list(overrides))
     if what_ifs:
         load_scenario(config, [*overrides, *what_ifs])  # a bad what-if fails before any run
-    out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan"
+    out = writable_dir(Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan")
     con = console()
 
     def run(over: list[str], where: str):
@@ -390,12 +426,15 @@ def _print_ttl(frame: Any, requests: int, out: Path) -> None:
     t.add_column("saved Mtok", justify="right")
     t.add_column("storage TB", justify="right")
     t.add_column("nodes", justify="right")
-    for (policy, ttl), grp in rows.groupby(["policy", "ttl_s"], dropna=False, sort=False):
+    # one table row per sweep point: a uniform TTL, or the per-class point, whose class rows
+    # carry different TTLs (and its "all" row none), so it is keyed by the policy alone
+    point = rows["ttl_s"].where(rows["policy"] == "ttl")
+    for (policy, ttl), grp in rows.groupby([rows["policy"], point], dropna=False, sort=False):
         by = grp.set_index("traffic_class")
         label = "per class" if policy == "class_ttl" else _duration_label(float(ttl))
         t.add_row(
             label,
-            *(f"{by.loc[c, 'hit_rate']:.2%}" for c in [*classes, "all"]),
+            *(_percent(by.loc[c, "hit_rate"]) for c in [*classes, "all"]),
             f"{by.loc['all', 'hit_tokens'] / 1e6:,.1f}",
             f"{by.loc['all', 'needed_tb']:,.1f}",
             f"{by.loc['all', 'nodes_needed']}",
@@ -403,6 +442,11 @@ def _print_ttl(frame: Any, requests: int, out: Path) -> None:
     con = console()
     con.print(t)
     con.print(f"results in {out}")
+
+
+def _percent(rate: float) -> str:
+    """A hit rate; "-" for a class without requests (NaN)."""
+    return "-" if math.isnan(rate) else f"{rate:.2%}"
 
 
 def _duration_label(seconds: float) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -16,7 +17,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class UserErrorGroup(click.Group):
-    """Turns UserError into one clean line and exit status 2."""
+    """Turns UserError into one clean line and exit status 2, and Ctrl-C into exit status 130
+    (the shell's convention for SIGINT) instead of click's "Aborted!" and 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -24,6 +26,14 @@ class UserErrorGroup(click.Group):
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
+        except OSError as exc:
+            if exc.filename is None:  # not about a path the user named: a bug, show it
+                raise
+            click.echo(f"error: {path_error(exc)}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
 
 
 class _CliError(click.ClickException):
@@ -44,8 +54,54 @@ def user_errors(f: F) -> F:
             return f(*args, **kwargs)
         except UserError as exc:
             raise _CliError(" ".join(str(exc).split())) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            raise _CliError(path_error(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def path_error(exc: OSError) -> str:
+    """``PermissionError(13, ..., "out/x.json")`` -> ``"out/x.json: Permission denied"``: the
+    last line of defence for a path the user named that cannot be read or written."""
+    return f"{exc.filename}: {exc.strerror or exc}"
+
+
+def writable_dir(path: str | Path, what: str = "--out") -> Path:
+    """Create folder ``path`` (with its parents) and prove a file can be written in it, before
+    any work is done: an unwritable output folder is one UserError naming it, not a traceback
+    after an hour of simulation."""
+    import tempfile
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what} {p}: is a file, not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".deepinfer-sim-probe-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"{what} {p}: cannot write there ({exc.strerror or exc})") from None
+    return p
+
+
+def writable_file(path: str | Path, what: str = "--out") -> Path:
+    """Check, before any work, that file ``path`` can be written: not a folder, and its folder
+    (created with its parents if missing, as the writers do) writable."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{what} {p}: is a folder (expected a file name)")
+    writable_dir(p.parent, what=f"{what} {p}: folder")
+    return p
+
+
+def write_text(path: str | Path, text: str, what: str = "--out") -> None:
+    """Write ``text`` to ``path``; failing is one UserError naming the option and the path."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
 
 
 def overrides_option(help_text: str) -> Callable[[F], F]:
@@ -58,6 +114,52 @@ def overrides_option(help_text: str) -> Callable[[F], F]:
 
 
 def console(stderr: bool = False):
+    """A rich console; when its stream is not a terminal (piped, redirected), as wide as
+    ``$COLUMNS`` or 240 columns, so tables are never cut to rich's default 80."""
+    import os
+    import sys
+
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else int(os.environ.get("COLUMNS", "240"))
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+class Progress:
+    """A run's progress: a live bar on a terminal, else one plain line to stderr at most every
+    ``every_s`` wall seconds (a long run in a pipe or a batch job is never silent)."""
+
+    def __init__(self, enabled: bool, every_s: float = 30.0) -> None:
+        import sys
+        import time
+
+        self._clock = time.monotonic
+        self._start = self._clock()
+        self._last = self._start
+        self._every = every_s
+        self._bar: Any = None
+        self.enabled = enabled
+        if enabled and sys.stderr.isatty():
+            from rich.progress import Progress as Bar
+
+            self._bar = Bar(console=console(stderr=True), transient=True)
+            self._task = self._bar.add_task("simulating", total=None)
+            self._bar.start()
+
+    def __call__(self, now: float, ended: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=ended, total=total, description=f"t={now:,.0f}s")
+            return
+        wall = self._clock()
+        if wall - self._last >= self._every:
+            self._last = wall
+            click.echo(
+                f"progress: {now:,.0f} simulated s, {ended:,} of {total:,} requests ended, "
+                f"{wall - self._start:,.0f} s wall",
+                err=True,
+            )
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()

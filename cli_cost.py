@@ -11,12 +11,11 @@ its own.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_common import console, overrides_option, user_errors
+from .cli_common import console, overrides_option, user_errors, writable_file, write_text
 from .errors import UserError
 
 if TYPE_CHECKING:
@@ -123,6 +122,8 @@ def cost(
     from .scenario import load_scenario
     from .sim import steady
 
+    if json_file:
+        writable_file(json_file, "--json")
     given = {
         "batch": batch,
         "context": context,
@@ -178,7 +179,7 @@ def cost(
             )
     _print_point(point, notes)
     if json_file:
-        Path(json_file).write_text(json.dumps(point.as_dict(), indent=1) + "\n", encoding="utf-8")
+        write_text(json_file, json.dumps(point.as_dict(), indent=1) + "\n", "--json")
 
 
 def _check_speculative(

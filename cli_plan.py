@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .cli_common import overrides_option, user_errors
+from .cli_common import overrides_option, user_errors, writable_dir, writable_file
 from .errors import UserError
 
 _sweep_overrides = overrides_option(
@@ -81,6 +81,7 @@ def sweep_grid(
     if out_dir is None:
         name = load_scenario(config, list(overrides)).name
         out_dir = str(Path("runs") / f"{name}-{Path(grid_file).stem}")
+    writable_dir(out_dir)
     table = run_sweep(
         config,
         points,
@@ -171,7 +172,9 @@ def report(run_dirs: tuple[str, ...], out_file: str | None) -> None:
     """One self-contained HTML page for one run, or several compared with the first."""
     from .planner.report import render_report
 
-    if out_file is None:
+    if out_file is not None:  # a file the user named; the default is checked as it is written
+        writable_file(out_file)
+    else:
         out_file = str(Path(run_dirs[0]) / "report.html") if len(run_dirs) == 1 else "report.html"
     out = render_report([Path(d) for d in run_dirs], Path(out_file))
     click.echo(f"wrote {out}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .cli_common import UserErrorGroup, overrides_option
+from .cli_common import UserErrorGroup, overrides_option, writable_file, write_text
 from .errors import UserError
 
 # The formats of ``traces._files.FORMATS``, spelled out so that loading the CLI does not import
@@ -32,7 +32,7 @@ def _parquet_path(out: str) -> Path:
             f"{out}: output must be a .parquet file (the native trace format); "
             f"got {path.suffix or 'no extension'!r}"
         )
-    return path
+    return writable_file(path, "OUT")
 
 
 def _format_option(f: Any) -> Any:
@@ -65,10 +65,12 @@ def stats(file: str, fmt: str | None, lru_blocks: int | None, json_file: str | N
     from .traces import read_trace
     from .traces.stats import trace_stats
 
+    if json_file:
+        writable_file(json_file, "--json")
     result = trace_stats(read_trace(file, format=fmt), lru_blocks=lru_blocks)
     _print_stats(result)
     if json_file:
-        Path(json_file).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_text(json_file, json.dumps(result, indent=1) + "\n", "--json")
 
 
 @trace.command()

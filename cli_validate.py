@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import user_errors
+from .cli_common import user_errors, writable_file, write_text
 
 
 def _num(x: float) -> str:
@@ -46,6 +46,8 @@ def validate(
 
     from .sim.published import run_cases
 
+    if json_path:
+        writable_file(json_path, "--json")
     results = run_cases(tuple(cost_models), list(files) or None)
     t = Table(title="published deployments: simulated / published", header_style="bold")
     for col in ("deployment", "case", "cost model", "published", "simulated", "ratio", "ok"):
@@ -67,6 +69,6 @@ def validate(
     n_ok = sum(r.within for r in results)
     con.print(f"{n_ok} of {len(results)} within tolerance")
     if json_path:
-        json_path.write_text(json.dumps([r.as_dict() for r in results], indent=2) + "\n")
+        write_text(json_path, json.dumps([r.as_dict() for r in results], indent=2) + "\n", "--json")
     if strict and n_ok < len(results):
         raise SystemExit(1)

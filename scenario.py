@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import itertools
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, model_validator
 
 from .errors import ConfigError
 from .models.cost import RooflineParams, StepParams
@@ -27,13 +29,25 @@ from .traces.multimodal import MultimodalWorkload
 from .traces.sessions import SessionWorkload
 from .validation import FrozenModel, read_yaml, validate
 
+# Upper bounds of sizes, rates and time grids (issue 16): generous, so that a real deployment
+# validates (100k GPUs, a year of sessions), yet small enough that what validates can be built
+# and run; a value past one is a ConfigError naming the key and the bound.
+MAX_INSTANCES = 100_000  # prefill / vision instances, decode groups, storage nodes
+MAX_EP = 1024  # ranks of one expert-parallel group
+MAX_GBPS = 1e6  # a link: 1 Pb/s
+MAX_LATENCY_S = 10.0  # one-way latency of a link or a storage node's response
+MAX_RATE_SCALE = 1e4  # workload.rate_scale
+MAX_REPEAT = 10_000  # workload.repeat
+MIN_TIMESERIES_INTERVAL_S = 0.01  # sim.timeseries_interval_s: one sample per 10 ms at most
+MAX_HORIZON_S = 366 * 86400.0  # sim.horizon_s: a year
+
 
 class ExpertParallelPool(FrozenModel):
     """What prefill instances and decode groups share: expert-parallel ranks with redundant
     expert slots, and how a step overlaps its all-to-all."""
 
-    ep: int = Field(1, ge=1, description="expert-parallel width (= DP)")
-    redundant_experts_per_gpu: int = Field(0, ge=0)
+    ep: int = Field(1, ge=1, le=MAX_EP, description="expert-parallel width (= DP)")
+    redundant_experts_per_gpu: int = Field(0, ge=0, le=1024)
     redundant_experts: int | None = Field(
         None,
         ge=0,
@@ -57,15 +71,18 @@ class ExpertParallelPool(FrozenModel):
 class PrefillPool(ExpertParallelPool):
     """Prefill instances: EP = DP within an instance, no tensor/context parallelism."""
 
-    instances: int = Field(16, ge=1)
+    instances: int = Field(16, ge=1, le=MAX_INSTANCES)
     ep: int = Field(4, ge=1, le=64, description="expert-parallel width (= DP) of one instance")
     hardware: str = "gb200"
-    redundant_experts_per_gpu: int = Field(4, ge=0)
+    redundant_experts_per_gpu: int = Field(4, ge=0, le=1024)
     max_tokens_per_step: int = Field(
-        32768, ge=1, description="token budget of one DP rank's prefill step"
+        32768, ge=1, le=1 << 24, description="token budget of one DP rank's prefill step"
     )
     step_time_budget_s: float = Field(
-        1.0, gt=0, description="time a prefill step may take; the chunk scheduler fills it"
+        1.0,
+        gt=0,
+        le=3600,
+        description="time a prefill step may take; the chunk scheduler fills it",
     )
     scheduler: Literal["chunked", "whole"] = Field(
         "chunked",
@@ -81,11 +98,11 @@ class PrefillPool(ExpertParallelPool):
 class DecodePool(ExpertParallelPool):
     """Wide-EP decode groups: EP = DP ranks stepping in lockstep."""
 
-    groups: int = Field(1, ge=1)
-    ep: int = Field(64, ge=1, le=1024, description="ranks per group (EP = DP)")
+    groups: int = Field(1, ge=1, le=MAX_INSTANCES)
+    ep: int = Field(64, ge=1, le=MAX_EP, description="ranks per group (EP = DP)")
     hardware: str = "gb200"
-    redundant_experts_per_gpu: int = Field(1, ge=0)
-    max_seqs_per_rank: int = Field(256, ge=1)
+    redundant_experts_per_gpu: int = Field(1, ge=0, le=1024)
+    max_seqs_per_rank: int = Field(256, ge=1, le=1 << 20)
     kv_hbm_fraction: float = Field(
         0.9, gt=0, le=1, description="share of HBM left after weights that may hold KV"
     )
@@ -108,12 +125,14 @@ class DecodePool(ExpertParallelPool):
 class VisionPool(FrozenModel):
     """Vision-encoder instances, one GPU each (a cheaper GPU is recommended)."""
 
-    instances: int = Field(0, ge=0)
+    instances: int = Field(0, ge=0, le=MAX_INSTANCES)
     hardware: str = "l40s"
     encoder_params_b: float = Field(
         0.6, gt=0, description="encoder parameters (billions) each image token passes"
     )
-    tokens_per_image: int = Field(576, ge=1, description="image tokens handed to prefill")
+    tokens_per_image: int = Field(
+        576, ge=1, le=1 << 20, description="image tokens handed to prefill"
+    )
     efficiency: float = Field(0.4, gt=0, le=1, description="fraction of peak FLOP/s reached")
 
     @property
@@ -129,17 +148,23 @@ class StoragePool(FrozenModel):
     the in-memory reference prefix store (``cache.prefix``) instead."""
 
     nodes: int = Field(
-        0, ge=0, description="storage nodes; a multiple of the coding width (data + parity)"
+        0,
+        ge=0,
+        le=MAX_INSTANCES,
+        description="storage nodes; a multiple of the coding width (data + parity)",
     )
-    disks_per_node: int = Field(20, ge=1)
+    disks_per_node: int = Field(20, ge=1, le=1024)
     disk_tb: float = Field(30.73, gt=0, description="capacity of one SSD, TB (10^12 bytes)")
     read_gbytes_per_s: float = Field(40.0, gt=0, description="sustained read per node, GB/s")
     write_gbytes_per_s: float = Field(5.0, gt=0, description="sustained write per node, GB/s")
-    data_chunks: int = Field(10, ge=1, description="erasure coding: data chunks per stripe")
-    parity_chunks: int = Field(2, ge=0, description="erasure coding: parity chunks per stripe")
+    data_chunks: int = Field(10, ge=1, le=256, description="erasure coding: data chunks per stripe")
+    parity_chunks: int = Field(
+        2, ge=0, le=256, description="erasure coding: parity chunks per stripe"
+    )
     node_latency_s: float = Field(
         200e-6,
         ge=0,
+        le=MAX_LATENCY_S,
         description="mean (exponential) response latency of a node on top of its queue",
     )
     high_watermark: float = Field(0.95, gt=0, le=1, description="GC starts above this used share")
@@ -200,11 +225,15 @@ class Pools(FrozenModel):
 class Network(FrozenModel):
     """Prefill -> decode KV transfer links."""
 
-    pd_gbps_per_8_gpus: float = Field(400, gt=0, description="interconnect budget per 8 GPUs")
+    pd_gbps_per_8_gpus: float = Field(
+        400, gt=0, le=MAX_GBPS, description="interconnect budget per 8 GPUs"
+    )
     placement: Literal["same_dc", "cross_dc"] = "same_dc"
-    latency_s: float = Field(2e-5, ge=0, description="one-way latency inside a data centre")
+    latency_s: float = Field(
+        2e-5, ge=0, le=MAX_LATENCY_S, description="one-way latency inside a data centre"
+    )
     cross_dc_latency_s: float = Field(
-        5e-4, ge=0, description="one-way latency between adjacent data centres"
+        5e-4, ge=0, le=MAX_LATENCY_S, description="one-way latency between adjacent data centres"
     )
     backup_links: bool = Field(
         False, description="each prefill instance also has a backup P->D path (another route)"
@@ -415,7 +444,9 @@ class Policies(FrozenModel):
 
 class Spread(FrozenModel):
     method: Literal["uniform", "even", "none"] = "uniform"
-    window_s: float = Field(3.0, ge=0, description="width of one timestamp bucket in the trace")
+    window_s: float = Field(
+        3.0, ge=0, le=86400, description="width of one timestamp bucket in the trace"
+    )
 
 
 class Workload(FrozenModel):
@@ -425,7 +456,9 @@ class Workload(FrozenModel):
     sessions: SessionWorkload | None = Field(
         None,
         description="generate a multi-day chatbot/agent session workload (traces/sessions.py) "
-        "instead of reading `trace`",
+        "instead of reading `trace`; repeat and rate_scale apply to it too, but a --set that "
+        "switches a trace scenario to sessions resets them to 1 (a trace's replay speed, e.g. "
+        "default.yaml's 4 x 25, is not inherited) unless it sets them as well",
     )
     multimodal: MultimodalWorkload | None = Field(
         None, description="mix in image requests drawn from the ServeGen mm-image distributions"
@@ -436,11 +469,21 @@ class Workload(FrozenModel):
     traffic_class: str | None = Field(None, description="override the trace's traffic class")
     start_s: float = Field(0.0, ge=0, description="window start on the trace's own clock")
     end_s: float | None = Field(None, gt=0, description="window end on the trace's own clock")
-    max_requests: int | None = Field(None, ge=1)
+    max_requests: int | None = Field(None, ge=1, le=1_000_000_000)
     repeat: int = Field(
-        1, ge=1, description="tile the windowed trace end to end (block hashes renamed per copy)"
+        1,
+        ge=1,
+        le=MAX_REPEAT,
+        description="tile the windowed trace end to end (block hashes renamed per copy); "
+        "reset to 1 when a --set switches the scenario to `sessions`",
     )
-    rate_scale: float = Field(1.0, gt=0, description="multiply the arrival rate")
+    rate_scale: float = Field(
+        1.0,
+        gt=0,
+        le=MAX_RATE_SCALE,
+        description="multiply the arrival rate; reset to 1 when a --set switches the scenario "
+        "to `sessions`",
+    )
     spread: Spread = Spread()
 
     @model_validator(mode="after")
@@ -461,7 +504,10 @@ class PrefixCache(FrozenModel):
         description="in-memory store only: LRU capacity; None = unbounded (every block kept)",
     )
     load_gbps_per_8_gpus: float = Field(
-        400, gt=0, description="ingress bandwidth a prefill instance loads hits and slots with"
+        400,
+        gt=0,
+        le=MAX_GBPS,
+        description="ingress bandwidth a prefill instance loads hits and slots with",
     )
 
 
@@ -476,7 +522,9 @@ class SwaCache(FrozenModel):
     host_fraction: float = Field(
         0.5, gt=0, le=1, description="share of a machine's host memory that holds SWA slots"
     )
-    vlan_gbps: float = Field(400, gt=0, description="cross-machine slot fetch bandwidth")
+    vlan_gbps: float = Field(
+        400, gt=0, le=MAX_GBPS, description="cross-machine slot fetch bandwidth"
+    )
 
 
 class Cache(FrozenModel):
@@ -556,10 +604,20 @@ class CostModel(FrozenModel):
 
 class SimSettings(FrozenModel):
     horizon_s: float | None = Field(
-        None, gt=0, description="stop at this simulated time; None runs until every request ends"
+        None,
+        gt=0,
+        le=MAX_HORIZON_S,
+        description="stop at this simulated time; None runs until every request ends",
     )
-    timeseries_interval_s: float = Field(1.0, gt=0)
-    progress: bool = Field(True, description="show a progress bar on a terminal")
+    timeseries_interval_s: float = Field(
+        1.0,
+        ge=MIN_TIMESERIES_INTERVAL_S,
+        description="time-series sample interval; one sample costs a row of every series, so "
+        "a finer grid than 10 ms would make a run take minutes and GB",
+    )
+    progress: bool = Field(
+        True, description="progress: a bar on a terminal, else a plain stderr line every 30 s"
+    )
 
 
 class Scenario(FrozenModel):
@@ -643,8 +701,49 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def _unwrap_optional(tp: Any) -> Any:
+    """``X | None`` -> ``X``; anything else as it is."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _mapping_default(parts: list[str | int]) -> dict[str, Any] | None:
+    """The default of the :class:`Scenario` field at ``parts`` (as raw YAML data) when that field
+    is a mapping such as ``prices.gpu_hour_usd`` or ``pools.storage.ttl_s``; else None."""
+    tp: Any = Scenario
+    field = None
+    for part in parts:
+        tp = _unwrap_optional(tp)
+        if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+            field = tp.model_fields.get(part)
+            if field is None:
+                return None
+            tp = field.annotation
+        elif typing.get_origin(tp) is dict and isinstance(part, str):
+            field, tp = None, typing.get_args(tp)[1]
+        elif typing.get_origin(tp) in (tuple, list) and isinstance(part, int):
+            field, tp = None, typing.get_args(tp)[0]
+        else:
+            return None
+    if field is None or typing.get_origin(_unwrap_optional(tp)) is not dict:
+        return None
+    default = field.get_default(call_default_factory=True)
+    if not isinstance(default, dict) or field.annotation is None:
+        return None
+    dumped: dict[str, Any] = TypeAdapter(field.annotation).dump_python(default, mode="json")
+    return dumped
+
+
 def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set a dotted key in a raw (unvalidated) mapping, creating mappings along the way."""
+    """Set a dotted key in a raw (unvalidated) mapping, creating mappings along the way.
+
+    A key inside a mapping merges into it: ``prices.gpu_hour_usd.gb200=7`` changes that one
+    price, and where the scenario file does not spell the mapping out the others keep their
+    defaults (the mapping is seeded from the Scenario default before the key is set). A mapping
+    *value* (``pools.storage.ttl_s={chatbot: 100}``) replaces the whole mapping, as in YAML.
+    """
     parts = _split_path(key)
     node: Any = data
     for i, part in enumerate(parts[:-1]):
@@ -657,7 +756,7 @@ def apply_override(data: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node, dict):
             raise ConfigError(key, f"{where}: cannot set a key inside a non-mapping value")
         if node.get(part) is None:
-            node[part] = {}
+            node[part] = _mapping_default(parts[: i + 1]) or {}
         node = node[part]
     last = parts[-1]
     if isinstance(last, int):
@@ -755,14 +854,46 @@ def load_scenario(ref: str | Path = "default", overrides: list[str] | None = Non
     path = scenario_path(ref)
     data = read_yaml(path)
     if data is None:
-        data = {}
+        raise ConfigError(
+            "",
+            "the scenario file is empty (it would run every built-in default; "
+            "`deepinfer-sim show default` prints a complete scenario to start from)",
+            source=str(path),
+        )
     if not isinstance(data, dict):
         raise ConfigError("", "expected a mapping at the top level", source=str(path))
+    workload = data.get("workload")
+    had_sessions = isinstance(workload, dict) and workload.get("sessions") is not None
+    keys: list[str] = []
     for text in overrides or []:
         key, value = parse_override(text)
         apply_override(data, key, value)
+        keys.append(key)
+    if not had_sessions:
+        _sessions_replay_from_defaults(data, keys)
     sc = validate(Scenario, data, source=str(path))
     return _check_references(sc, path.parent, str(path))
+
+
+# A trace's replay speed, tuned to that trace (default.yaml replays the Mooncake trace 4 times
+# at 25x): not carried over when a --set switches the scenario to generated sessions.
+_TRACE_REPLAY_KEYS = ("repeat", "rate_scale")
+
+
+def _sessions_replay_from_defaults(data: dict[str, Any], keys: list[str]) -> None:
+    """When ``--set`` overrides turned a trace scenario into a sessions one, drop the file's
+    ``workload.repeat`` / ``rate_scale`` (unless an override set them too): the sessions
+    generator has its own rate (``sessions_per_day``) and a trace's 25x would silently multiply
+    it."""
+    workload = data.get("workload")
+    if not isinstance(workload, dict) or workload.get("sessions") is None:
+        return
+    if "workload" in keys:  # the whole workload mapping was given: it says what it means
+        return
+    given = {k.split(".")[1].split("[")[0] for k in keys if k.startswith("workload.")}
+    for name in _TRACE_REPLAY_KEYS:
+        if name not in given:
+            workload.pop(name, None)
 
 
 def scenario_from_dict(data: dict[str, Any], base_dir: Path | None = None) -> Scenario:

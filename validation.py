@@ -19,9 +19,13 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class FrozenModel(BaseModel):
-    """Base for every config model: immutable, unknown keys forbidden."""
+    """Base for every config model: immutable, unknown keys forbidden, and every number finite
+    (``.inf`` or ``.nan`` in a config is an error naming the key: an infinite bandwidth or rate
+    would hang or crash a run instead)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False
+    )
 
 
 def dotted(loc: tuple[Any, ...]) -> str:
@@ -76,8 +80,17 @@ def read_yaml(path: str | Path) -> Any:
     if not p.is_file():
         raise ConfigError("", f"no such config file: {p}")
     try:
-        with p.open("r", encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError("", f"cannot read: {exc.strerror or exc}", source=str(p)) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        bad = raw[exc.start]
+        raise ConfigError("", f"not UTF-8 text (byte 0x{bad:02x})", source=f"{p}:{line}") from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)

@@ -106,6 +106,11 @@ class DecodeGroup(StepLoop):
         self.step_new: list[int] = []
         self.busy_s = 0.0
         self.tokens_out = 0
+        # occupancy integrals over stepping time (idle time adds nothing): sequence-seconds,
+        # KV-token-seconds held and reserved, summed over the group's ranks
+        self.seq_s = 0.0
+        self.kv_s = 0.0
+        self.reserved_s = 0.0
 
     @property
     def steps(self) -> int:
@@ -257,6 +262,9 @@ class DecodeGroup(StepLoop):
         self.new_this_step = 0
         self.busy_s += dt
         self.seq_steps += n
+        self.seq_s += n * dt
+        self.kv_s += float(self.kv.sum()) * dt
+        self.reserved_s += float(self.reserved.sum()) * dt
         hw = self.hw
         left = self.s_left[:hw]
         spec = self.spec

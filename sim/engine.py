@@ -13,7 +13,9 @@ callbacks, and each request costs events only at arrival, stage hand-offs and co
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -187,6 +189,13 @@ class Cluster:
     counters: dict[str, int] = field(default_factory=dict)
     backup_links: list[Link] = field(default_factory=list)
     path: PrefillPath | None = None
+    # decode ranks up, scheduled rank repairs still to come, and the requests waiting for a
+    # repair because every rank was down: (request id, prefill instance holding its KV, or -1
+    # when its KV is lost and it recomputes where it lands)
+    live_ranks: int = 0
+    repairs_pending: int = 0
+    parked: deque[tuple[int, int]] = field(default_factory=deque)
+    route_decode: Callable[[int, int], None] | None = None
 
     def count_end(self) -> None:
         self.ended += 1
@@ -254,6 +263,34 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         table.t_transfer_end[rid] = env.now
         cl.decode[int(table.decode_group[rid])].arrive(rid)
 
+    cl.live_ranks = pools.decode.groups * pools.decode.ep
+
+    def route_decode(rid: int, inst: int) -> None:
+        """Send a request to a live decode rank: its KV goes over prefill instance ``inst``'s
+        link, or (``inst`` = -1, its KV was lost with a failed rank) it queues there at once and
+        recomputes. With every rank down it waits for the next repair, or is rejected when no
+        repair will come (a whole-pool outage never loops on a dead rank)."""
+        if cl.live_ranks <= 0:
+            if cl.repairs_pending > 0:
+                cl.parked.append((rid, inst))
+                table.state[rid] = State.DECODE_WAIT
+                cl.counters["parked"] = cl.counters.get("parked", 0) + 1
+            else:
+                table.reject(rid, RejectReason.NO_DECODE_RANK)
+                cl.count_end()
+            return
+        g, r = balancer.choose(rid)
+        group = cl.decode[g]
+        if group.down[r]:  # a balancer bug, not a state to loop on
+            raise InvariantError(f"decode balancer chose rank {r} of group {g}, which is down")
+        group.assign(rid, r)
+        if inst < 0:
+            group.arrive(rid)
+        else:
+            transfer(rid, inst)
+
+    cl.route_decode = route_decode
+
     def on_prefill_done(rid: int, inst: int) -> None:
         if table.output_len[rid] <= 1:  # the prefill's token is the whole answer
             table.t_transfer_end[rid] = env.now
@@ -261,8 +298,9 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
             table.state[rid] = State.DONE
             cl.count_end()
             return
-        g, r = balancer.choose(rid)
-        cl.decode[g].assign(rid, r)
+        route_decode(rid, inst)
+
+    def transfer(rid: int, inst: int) -> None:
         nbytes = kv_per_token * float(table.input_len[rid]) + slot_bytes
         table.transfer_bytes[rid] = nbytes
         table.state[rid] = State.TRANSFER
@@ -336,9 +374,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         """A request that lost its decode rank goes to a live one (KV recomputed there)."""
         table.failures[rid] += 1
         cl.counters["requeued"] = cl.counters.get("requeued", 0) + 1
-        g, r = balancer.choose(rid)
-        cl.decode[g].assign(rid, r)
-        cl.decode[g].arrive(rid)
+        route_decode(rid, -1)
 
     for group in cl.decode:
         group.on_evict = reroute
@@ -384,16 +420,38 @@ def start_random_storage_failures(cl: Cluster, kv: KvStore, rng: np.random.Gener
         cl.env.process(life(node))
 
 
+def _count_live_ranks(cl: Cluster) -> None:
+    cl.live_ranks = sum(int(g.ep - g.down.sum()) for g in cl.decode)
+
+
 def rank_fail(cl: Cluster, group: int, rank: int, at_s: float, duration_s: float):
-    """A decode rank fails for a while; its requests are re-routed, none is lost."""
+    """A decode rank fails for a while; its requests are re-routed, none is lost. When it was
+    the last live rank anywhere they wait for a repair (``decode.parked_no_live_rank``), or are
+    rejected (``no_decode_rank``) when none will come (an infinite duration: API only, since
+    configs must be finite)."""
     yield cl.env.timeout(at_s)
     g = cl.decode[group]
+    repairs = math.isfinite(duration_s)
+    if repairs:
+        cl.repairs_pending += 1
+    was_up = not g.down.all()
     evicted = g.fail_rank(rank)
+    _count_live_ranks(cl)
+    if was_up and g.down.all():
+        cl.counters["group_outages"] = cl.counters.get("group_outages", 0) + 1
     assert g.on_evict is not None
     for rid in evicted:
         g.on_evict(rid)
+    if not repairs:
+        return
     yield cl.env.timeout(duration_s)
     g.repair_rank(rank)
+    cl.repairs_pending -= 1
+    _count_live_ranks(cl)
+    assert cl.route_decode is not None
+    while cl.parked and cl.live_ranks > 0:  # requests that waited for a live rank
+        rid, inst = cl.parked.popleft()
+        cl.route_decode(rid, inst)
 
 
 def link_cut(cl: Cluster, target: int, at_s: float, duration_s: float):
@@ -482,7 +540,7 @@ def simulate(
     check_invariants(cl)
     wall = time.perf_counter() - wall0
     itl_stats, itl_max = itl_summary(cl.table, cl.decode)
-    summary = summarize(cl, itl_stats, wall, sampler.read_gbps_peak)
+    summary = summarize(cl, itl_stats, wall, sampler.read_gbps_peak, sampler.queue_stats())
     return Result(
         scenario=sc,
         requests=cl.table.frame(itl_max),

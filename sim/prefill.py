@@ -48,9 +48,10 @@ class PrefillSeq:
 
 
 class PrefillStats:
-    __slots__ = ("compute_tokens", "flops", "replay_flops", "replay_tokens")
+    __slots__ = ("chunk_tokens", "compute_tokens", "flops", "replay_flops", "replay_tokens")
 
     def __init__(self) -> None:
+        self.chunk_tokens = 0  # positions scheduled in chunks (new + encoder replay): the budget
         self.compute_tokens = 0
         self.replay_tokens = 0
         self.flops = 0.0
@@ -211,6 +212,7 @@ class PrefillInstance(StepLoop):
         for seq, n, replay in self.step_items:
             enc = min(n, seq.enc_left)
             seq.enc_left -= enc
+            stats.chunk_tokens += n
             stats.compute_tokens += n - enc
             stats.replay_tokens += enc + replay
             flops = self.flops(n, seq.pos, False)

@@ -34,7 +34,7 @@ from .kvstore import KvStore
 from .network import Link
 from .prefill import PrefillInstance
 from .prefix_cache import MemoryPrefixStore, PrefixStore
-from .requests import RequestTable
+from .requests import RequestTable, State
 from .router import Route, make_router
 from .swa import SwaDirectory, SwaLookup
 
@@ -179,6 +179,7 @@ class PrefillPath:
         t.dec_replay[rid] = min(self.dec_replay, n_in)
         self.hit_blocks[rid] = k
         start = hit - enc
+        t.state[rid] = State.PREFILL  # at its instance, loading its cached prefix first
         if load or fetch:
             # a remote slot comes over the VLAN: charge it at the ingress link's rate ratio
             nbytes = load + fetch * self.ingress[inst].bytes_per_s / self.vlan_bw

@@ -31,6 +31,7 @@ class RejectReason(IntEnum):
     CONTEXT_TOO_LONG = 1  # prompt + output exceeds the model's context window
     KV_CAPACITY = 2  # the request can never fit in one decode rank's KV memory
     NO_VISION_ENCODER = 3  # the request has images but the scenario has no VE instance
+    NO_DECODE_RANK = 4  # every decode rank is down and none will be repaired
 
 
 class RequestTable:

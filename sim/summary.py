@@ -2,6 +2,11 @@
 
 Throughput is measured over the run's makespan (first arrival to last completion), as vLLM's
 benchmark does. Goodput counts completed requests that met both SLOs (TTFT and TPOT).
+Utilization is the fraction of the window from the first arrival to the end of the simulation
+that each engine spent stepping (a step cut by the horizon counts up to it), averaged over the
+pool's engines: at most 1 by construction. Being busy is not being full (a Wide-EP group steps
+whenever any rank holds one sequence), so ``load`` adds occupancy: sequences and KV per decode
+rank against their limits, tokens per prefill step against the step budget, and queue depths.
 Cost multiplies the GPUs of each pool by its hardware's price; revenue applies the configured
 per-token prices to the tokens served (revenue, not cost, aggregated over VE, prefill and decode,
 the way DeepSeek's published $/GPU-hour figure is).
@@ -9,7 +14,8 @@ the way DeepSeek's published $/GPU-hour figure is).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -177,7 +183,77 @@ def _storage(cl: Cluster, read_gbps_peak: float) -> dict[str, Any] | None:
     }
 
 
-def _vision(cl: Cluster, makespan: float) -> dict[str, Any] | None:
+class _Engine(Protocol):
+    busy_s: float
+
+    def stepping_s(self, now: float) -> float: ...
+
+
+def _busy(engines: Sequence[_Engine], now: float) -> float:
+    """Seconds the engines spent stepping up to ``now`` (a step in flight counts up to it)."""
+    return sum(e.busy_s + e.stepping_s(now) for e in engines)
+
+
+def _utilization(engines: Sequence[_Engine], now: float, window: float) -> float | None:
+    if not engines:
+        return None
+    return float(min(1.0, _busy(engines, now) / (window * len(engines))))  # min(): round-off
+
+
+def _load(cl: Cluster, window: float, queues: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    """Occupancy next to busy time. Time-weighted means are over ``window_s`` (an idle engine
+    holds nothing); ``*_while_busy`` means are over the time the engines were stepping."""
+    sc = cl.sc
+    now = cl.env.now
+    queues = queues or {}
+    d = sc.pools.decode
+    ranks = len(cl.decode) * d.ep
+    cap = cl.kv_capacity_tokens
+    busy_d = sum(g.busy_s for g in cl.decode)
+    seq_s = sum(g.seq_s for g in cl.decode)
+    kv_s = sum(g.kv_s for g in cl.decode)
+    res_s = sum(g.reserved_s for g in cl.decode)
+    seqs_mean = seq_s / (window * ranks)
+    decode = {
+        "busy_fraction": _utilization(cl.decode, now, window),
+        "seqs_per_rank_mean": seqs_mean,
+        "seqs_per_rank_while_busy": seq_s / (busy_d * ranks) if busy_d else 0.0,
+        "max_seqs_per_rank": d.max_seqs_per_rank,
+        "batch_fill": seqs_mean / d.max_seqs_per_rank,
+        "kv_tokens_per_rank_mean": kv_s / (window * ranks),
+        "kv_capacity_tokens_per_rank": cap,
+        "kv_used_fraction_mean": kv_s / (window * ranks * cap),
+        "kv_reserved_fraction_mean": res_s / (window * ranks * cap),
+        "kv_used_fraction_while_busy": kv_s / (busy_d * ranks * cap) if busy_d else 0.0,
+        "queue": queues.get("decode"),
+        "parked_queue": queues.get("decode_parked"),
+    }
+    p = sc.pools.prefill
+    steps = sum(i.steps for i in cl.prefill)
+    chunk_tokens = sum(i.stats.chunk_tokens for i in cl.prefill)
+    budget = p.max_tokens_per_step * p.ep
+    per_step = chunk_tokens / steps if steps else 0.0
+    busy_p = sum(i.busy_s for i in cl.prefill)
+    prefill = {
+        "busy_fraction": _utilization(cl.prefill, now, window),
+        "tokens_per_step_mean": per_step,
+        "step_token_budget": budget,
+        "step_token_fill": per_step / budget,
+        "step_s_mean": busy_p / steps if steps else 0.0,
+        "step_time_budget_s": p.step_time_budget_s,
+        "queue": queues.get("prefill"),
+    }
+    out: dict[str, Any] = {"window_s": window, "prefill": prefill, "decode": decode}
+    out["transfer"] = {"queue": queues.get("transfer")}
+    if cl.vision:
+        out["vision"] = {
+            "busy_fraction": _utilization(cl.vision, now, window),
+            "queue": queues.get("vision"),
+        }
+    return out
+
+
+def _vision(cl: Cluster, window: float) -> dict[str, Any] | None:
     """The VE stage: images encoded, time in the stage (queue + encode), encode time alone."""
     if not cl.vision:
         return None
@@ -193,12 +269,16 @@ def _vision(cl: Cluster, makespan: float) -> dict[str, Any] | None:
         "seconds_per_image": per_image,
         "encode_s": dist_stats(images * per_image),
         "stage_s": dist_stats((t.t_vision_done - t.arrival)[encoded]),
-        "ve_utilization": sum(v.busy_s for v in cl.vision) / (makespan * len(cl.vision)),
+        "ve_utilization": _utilization(cl.vision, cl.env.now, window),
     }
 
 
 def summarize(
-    cl: Cluster, itl_stats: dict[str, float], wall_s: float, read_gbps_peak: float = 0.0
+    cl: Cluster,
+    itl_stats: dict[str, float],
+    wall_s: float,
+    read_gbps_peak: float = 0.0,
+    queues: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     t = cl.table
     sc = cl.sc
@@ -217,6 +297,7 @@ def summarize(
     start = float(t.arrival[arrived_mask].min()) if arrived_mask.any() else 0.0
     end = float(np.nanmax(t.t_done[done])) if completed else cl.env.now
     makespan = max(end - start, 1e-12)
+    window = max(cl.env.now - start, 1e-12)  # busy time is counted up to now, not to ``end``
     in_tok = float(t.input_len[done].sum())
     out_tok = float(t.output_len[done].sum())
     in_s, out_s = in_tok / makespan, out_tok / makespan
@@ -235,6 +316,8 @@ def summarize(
     return {
         "scenario": sc.name,
         "requests": {
+            "in_workload": int(t.n),
+            "not_arrived": int(t.n) - cl.arrived,  # cut off by sim.horizon_s
             "arrived": cl.arrived,
             "completed": completed,
             "rejected": rejected,
@@ -267,12 +350,11 @@ def summarize(
             "fraction_of_completed": n_good / completed if completed else None,
         },
         "utilization": {
-            "vision": sum(v.busy_s for v in cl.vision) / (makespan * pools.vision.instances)
-            if cl.vision
-            else None,
-            "prefill": sum(p.busy_s for p in cl.prefill) / (makespan * pools.prefill.instances),
-            "decode": sum(g.busy_s for g in cl.decode) / (makespan * pools.decode.groups),
+            "vision": _utilization(cl.vision, cl.env.now, window),
+            "prefill": _utilization(cl.prefill, cl.env.now, window),
+            "decode": _utilization(cl.decode, cl.env.now, window),
         },
+        "load": _load(cl, window, queues),
         "decode": {
             "steps": steps,
             "mean_batch_per_rank": seq_steps / (steps * pools.decode.ep) if steps else 0.0,
@@ -286,6 +368,9 @@ def summarize(
             "recompute_s": sum(g.recompute_s for g in cl.decode),
             "rank_failures": sum(g.rank_failures for g in cl.decode),
             "requeued_after_failure": cl.counters.get("requeued", 0),
+            "group_outages": cl.counters.get("group_outages", 0),
+            "parked_no_live_rank": cl.counters.get("parked", 0),
+            "parked_at_end": len(cl.parked),
             "kv_capacity_tokens_per_rank": cl.kv_capacity_tokens,
         },
         "transfer": {
@@ -295,7 +380,7 @@ def summarize(
             "link_cuts": cl.counters.get("link_cuts", 0),
             "rerouted": cl.counters.get("rerouted_transfers", 0),
         },
-        "vision": _vision(cl, makespan),
+        "vision": _vision(cl, window),
         "prefill": _prefill(cl),
         "cache": _cache(cl),
         "storage": _storage(cl, read_gbps_peak),

@@ -2,6 +2,10 @@
 
 Each sample records cumulative counts, queue depths, utilization over the last interval and
 token rates, so ``timeseries.parquet`` shows how the cluster filled, saturated and drained.
+
+Utilization is an engine's busy time inside the interval (a step still running at the sample
+counts up to the sample, the rest in the next interval) over the interval times the engines, so
+it never exceeds 1. The same samples give the run's queue-depth statistics (:meth:`queue_stats`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,18 @@ def _factor_sums(pool: str, groups: list[GroupExperts | None]) -> dict[str, floa
     }
 
 
+# summary queue name -> time-series column (prefill: prompts on the instances, queued or being
+# computed; transfer: P->D flows in flight; decode: requests waiting for a slot on their rank;
+# decode_parked: requests waiting for a repair because every decode rank is down)
+_QUEUES = {
+    "vision": "vision_queue",
+    "prefill": "prefill_queue",
+    "transfer": "transfers_in_flight",
+    "decode": "decode_waiting",
+    "decode_parked": "decode_parked",
+}
+
+
 class TimeseriesSampler:
     def __init__(self, cl: Cluster, interval_s: float) -> None:
         self.cl = cl
@@ -39,11 +55,12 @@ class TimeseriesSampler:
     def _counters(self) -> dict[str, float]:
         cl = self.cl
         kv = self.kv
+        t = cl.env.now
         return {
-            "t": cl.env.now,
-            "prefill_busy": sum(p.busy_s for p in cl.prefill),
-            "decode_busy": sum(g.busy_s for g in cl.decode),
-            "vision_busy": sum(v.busy_s for v in cl.vision),
+            "t": t,
+            "prefill_busy": sum(p.busy_s + p.stepping_s(t) for p in cl.prefill),
+            "decode_busy": sum(g.busy_s + g.stepping_s(t) for g in cl.decode),
+            "vision_busy": sum(v.busy_s + v.stepping_s(t) for v in cl.vision),
             "prefill_tokens": sum(p.stats.compute_tokens for p in cl.prefill),
             "hit_tokens": cl.path.hit_tokens_total if cl.path else 0,
             "lookup_tokens": cl.path.input_tokens_total if cl.path else 0,
@@ -70,7 +87,8 @@ class TimeseriesSampler:
         reserved = np.concatenate([g.reserved for g in cl.decode])
 
         def util(key: str, units: int) -> float:
-            return (now[key] - self._prev[key]) / (dt * units) if units else 0.0
+            # <= 1 by construction; min() only absorbs float round-off of step end times
+            return min(1.0, (now[key] - self._prev[key]) / (dt * units)) if units else 0.0
 
         self.rows.append(
             {
@@ -83,6 +101,7 @@ class TimeseriesSampler:
                 "transfers_in_flight": sum(link.active for link in cl.links),
                 "decode_waiting": sum(g.n_waiting for g in cl.decode),
                 "decode_running": sum(g.n for g in cl.decode),
+                "decode_parked": len(cl.parked),
                 "decode_batch_mean": float(batches.mean()),
                 "decode_batch_max": int(batches.max()),
                 "decode_kv_reserved_frac": float(reserved.mean() / cl.kv_capacity_tokens),
@@ -123,3 +142,18 @@ class TimeseriesSampler:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
+
+    def queue_stats(self) -> dict[str, dict[str, float]]:
+        """Queue depth per pool over the run's samples (one every ``interval``): mean, p99 and
+        max. Depths between samples are not seen, so ``max`` is the largest sampled depth."""
+        out = {}
+        for pool, col in _QUEUES.items():
+            depth = np.array([row[col] for row in self.rows], dtype=np.float64)
+            if depth.size == 0:
+                depth = np.zeros(1)
+            out[pool] = {
+                "mean": float(depth.mean()),
+                "p99": float(np.percentile(depth, 99)),
+                "max": float(depth.max()),
+            }
+        return out

@@ -261,6 +261,16 @@ def _runs(source: RequestSource, group: np.ndarray) -> _Runs:
 # ---------------------------------------------------------------------------------- evaluation
 
 
+def _bincount(x: np.ndarray, weights: np.ndarray, minlength: int) -> npt.NDArray[np.float64]:
+    """``np.bincount`` with weights, always float64.
+
+    numpy returns int64 zeros for an empty ``x`` even with weights (a class that owns no runs,
+    e.g. one whose blocks are all first occurrences), which the in-place float arithmetic
+    below cannot write into.
+    """
+    return np.bincount(x, weights, minlength).astype(np.float64, copy=False)
+
+
 def _level(ttls: np.ndarray, gap: np.ndarray) -> np.ndarray:
     """Index of the first of the sorted ``ttls`` with ``gap <= ttl`` (``len(ttls)`` if none)."""
     if len(ttls) > 32:
@@ -310,12 +320,10 @@ class _Sweep:
         self.measured = arrival >= measure_from_s
         self.measured_times = self.times >= measure_from_s
         m = self.measured
-        self.input_tokens = np.bincount(codes[m], weights=source.input_len[m], minlength=c)
+        self.input_tokens = _bincount(codes[m], source.input_len[m], c)
         self.requests = np.bincount(codes[m], minlength=c)
         # references per (class, distinct time), and last touches (no later access) among them
-        self.refs = np.bincount(
-            codes * u + self.row_group, weights=source.n_blocks, minlength=c * u
-        ).reshape(c, u)
+        self.refs = _bincount(codes * u + self.row_group, source.n_blocks, c * u).reshape(c, u)
         self.last_touches = self.refs.copy()
         self.tail = self.end - self.times  # residency left after a last touch, before a TTL
         self.runs: _Runs | None = None
@@ -326,7 +334,7 @@ class _Sweep:
         # per owner class: the runs it owns (indices), split by who touches them next
         self.owned = [np.flatnonzero(r.owner == k) for k in range(c)]
         for k, i in enumerate(self.owned):
-            self.last_touches[k] -= np.bincount(r.prev_group[i], r.length[i], minlength=u)
+            self.last_touches[k] -= _bincount(r.prev_group[i], r.length[i], u)
         self.seen = np.flatnonzero(r.owner >= 0)
         self.gap_weight = r.gap * r.length  # block-seconds held between touches, when present
         self.usable = r.usable * self.measured[r.row]
@@ -410,7 +418,7 @@ class _Sweep:
         np.maximum.accumulate(key, out=key)
         key -= offset
         key += r.cls * width
-        hist = np.bincount(key, weights=self.usable, minlength=c * width).reshape(c, width)
+        hist = _bincount(key, self.usable, c * width).reshape(c, width)
         hit_blocks[:] = np.cumsum(hist, axis=1)[:, :s_count].T
         befores: dict[float, np.ndarray] = {}
         for k in range(c):
@@ -418,8 +426,8 @@ class _Sweep:
             lev = level[i]
             length = r.length[i]
             # residency between touches: present runs held `gap`, the others `TTL`
-            held = np.cumsum(np.bincount(lev, self.gap_weight[i], minlength=width))[:s_count]
-            count = np.bincount(lev, length, minlength=width)
+            held = np.cumsum(_bincount(lev, self.gap_weight[i], width))[:s_count]
+            count = _bincount(lev, length, width)
             present = np.cumsum(count)[:s_count]
             absent = count.sum() - present
             resident[:, k] += held + np.where(absent > 0, ttl[:, k], 0.0) * absent  # no inf * 0
@@ -429,9 +437,9 @@ class _Sweep:
             # its blocks another class touched in time (handed over). Per distinct time u:
             # held(u) = cum[refs_k - present_k](u) - cum[refs_k - followed_k](before(u)).
             lev_u = lev * u
-            taken = np.bincount(lev_u + r.group[i], length, minlength=width * u)
+            taken = _bincount(lev_u + r.group[i], length, width * u)
             taken = np.cumsum(taken.reshape(width, u), axis=0)[:s_count]
-            followed = np.bincount(lev_u + r.prev_group[i], length, minlength=width * u)
+            followed = _bincount(lev_u + r.prev_group[i], length, width * u)
             followed = np.cumsum(followed.reshape(width, u), axis=0)[:s_count]
             refs = self.refs[k]
             np.subtract(refs, taken, out=taken)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
 from ..rng import stream
 from .multimodal import generate_multimodal
 from .readers import read_trace
@@ -40,7 +41,15 @@ def build_source(cfg: Workload, seed: int) -> RequestSource:
         src = spread_buckets(src, cfg.spread.window_s, cfg.spread.method, stream(seed, "workload"))
     end = cfg.end_s if cfg.end_s is not None else math.inf
     if cfg.start_s > 0 or math.isfinite(end):
+        whole = src
         src = src.window(cfg.start_s, end)
+        if not len(src) and len(whole):
+            raise ConfigError(
+                "workload",
+                f"the window start_s={cfg.start_s:g} .. end_s={end:g} holds no requests of "
+                f"{whole.name} (its arrivals span {float(whole.arrival_s[0]):g} .. "
+                f"{float(whole.arrival_s[-1]):g} s on its own clock)",
+            )
     if cfg.max_requests is not None:
         src = src.head(cfg.max_requests)
     if cfg.repeat > 1 and len(src):
@@ -53,4 +62,7 @@ def build_source(cfg: Workload, seed: int) -> RequestSource:
         span = float(src.arrival_s[-1]) if len(src) else 0.0
         images = generate_multimodal(cfg.multimodal, span, seed, src.block_tokens)
         src = RequestSource.merge(src, images, name=f"{src.name}+{images.name}")
+    if not len(src):
+        # a run of nothing has no latency or throughput to report (every figure would be NaN)
+        raise ConfigError("workload", f"the workload ({src.name}) has no requests")
     return src

@@ -130,6 +130,35 @@ def test_sweep_ttl_writes_a_table_and_plots(cli, tmp_path):
     assert (out / "ttl_hit_rate.png").exists()
 
 
+@pytest.mark.parametrize(
+    ("config", "classes"),
+    [
+        ("mixed", ["chatbot", "agent", "multimodal"]),
+        ({"workload": {"sessions": {"days": 0.05}}}, ["chatbot", "agent"]),
+    ],
+    ids=["mixed", "sessions"],
+)
+def test_sweep_ttl_tables_every_class_under_per_class_ttls(cli, tmp_path, config, classes):
+    """Issue 16: the per-class point carries a different TTL on each class row (chatbot 7 d,
+    agent 3 d by default) and must still be one table row; a class that reuses no block
+    (image requests) sweeps to zero hits instead of failing numpy's casting rules."""
+    import yaml
+
+    if isinstance(config, dict):
+        path = tmp_path / "sessions.yaml"
+        path.write_text(yaml.safe_dump(config))
+        config = str(path)
+    out = tmp_path / "ttl"
+    res = cli("sweep", "ttl", config, "--ttl", "1m", "--ttl", "1d", "--no-plots", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    assert all(f"hit {c}" in res.output for c in classes)
+    (row,) = [line for line in res.output.splitlines() if "per class" in line]
+    assert row.count("%") == len(classes) + 1  # every class and "all"
+    frame = pd.read_csv(out / "ttl_sweep.csv")
+    point = frame[frame["policy"] == "class_ttl"].set_index("traffic_class")
+    assert point.loc["chatbot", "ttl_s"] != point.loc["agent", "ttl_s"]
+
+
 @pytest.mark.parametrize("bad", ["3x", "-1h", "soon"])
 def test_sweep_ttl_rejects_a_bad_duration(cli, bad):
     res = cli("sweep", "ttl", "default", "--ttl", bad)

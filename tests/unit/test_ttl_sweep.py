@@ -334,6 +334,35 @@ def test_unchained_ids_match_the_reference_store(seed):
     assert_matches_reference(res.frame[res.frame["policy"] == "class_ttl"], ref, res.span_s)
 
 
+def test_classes_that_own_no_reused_block_match_the_reference_store():
+    """A class whose blocks are all first occurrences (image requests, a trace without prefix
+    hashes) owns no run, and a named class may have no request at all. numpy's ``bincount``
+    returns int64 zeros for an empty input even with weights, which once broke the in-place
+    float arithmetic of the peak count (issue 16: `sweep ttl` on the mixed and Azure
+    scenarios); both classes must sweep to exact zeros next to a class with reuse."""
+    from conftest import make_source
+
+    chats = chained_source(200, seed=3, classes=1)
+    rng = np.random.default_rng(3)
+    images = make_source(
+        np.sort(rng.uniform(0, 800, 60)), rng.integers(1, 5 * BT, 60), 1,
+        class_names=("multimodal",), block_tokens=BT,
+    )  # fmt: skip
+    merged = RequestSource.merge(chats, images)
+    src = merged.with_classes(merged.traffic_class, (*merged.class_names, "idle"))
+    per_class = {"chatbot": 30.0, "multimodal": 5.0, "idle": 60.0}
+    res = ttl_sweep(src, TTLS, class_ttl=per_class)
+    for ttl in TTLS:
+        part = res.frame[(res.frame["policy"] == "ttl") & (res.frame["ttl_s"] == ttl)]
+        assert_matches_reference(part, ReferenceTtlStore(src, [ttl] * 3).run(), res.span_s)
+    point = res.frame[res.frame["policy"] == "class_ttl"]
+    ref = ReferenceTtlStore(src, list(per_class.values())).run()
+    assert_matches_reference(point, ref, res.span_s)
+    rows = point.set_index("traffic_class")
+    assert rows.loc["multimodal", "hit_tokens"] == 0 and rows.loc["idle", "requests"] == 0
+    assert math.isnan(rows.loc["idle", "hit_rate"])
+
+
 def test_mooncake_slice_matches_the_reference_store(mooncake):
     """The first 600 Mooncake requests (bucketed timestamps, real chains), both TTL modes."""
     ttls = [0.0, 10.0, 60.0, 300.0, math.inf]
