@@ -72,7 +72,16 @@ def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
     t.add_column("latency")
     for col in ("mean", "p50", "p90", "p99"):
         t.add_column(col, justify="right")
-    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+    rows = (
+        ("ttft_s", "TTFT"),
+        ("tpot_s", "TPOT"),
+        ("itl_s", "ITL / step"),  # per decode step: vLLM's per-chunk ITL
+        ("itl_per_token_s", "ITL / token"),
+        ("e2e_s", "E2E"),
+    )
+    for key, label in rows:
+        if key not in s["latency"]:
+            continue
         row = s["latency"][key]
         t.add_row(label, *(_fmt(row[c], "ms") for c in ("mean", "p50", "p90", "p99")))
     con.print(t)
@@ -123,6 +132,13 @@ _overrides = overrides_option(
     help="Progress: a bar on a terminal, else a plain line to stderr every 30 s "
     "(default: sim.progress, off with --quiet).",
 )
+@click.option(
+    "--timeline",
+    "timeline_file",
+    type=click.Path(dir_okay=False),
+    help="Also write a Perfetto/Chrome trace JSON of the run (open at ui.perfetto.dev); "
+    "`deepinfer-sim timeline RUN_DIR` re-exports a window.",
+)
 def run(
     config: str,
     out_dir: str | None,
@@ -130,22 +146,46 @@ def run(
     no_plots: bool,
     quiet: bool,
     progress_opt: bool | None,
+    timeline_file: str | None,
 ) -> None:
     """Simulate CONFIG (a scenario YAML path or a bundled name such as `default`)."""
-    from .scenario import load_scenario
+    from .scenario import dump_scenario, load_scenario
     from .sim.engine import simulate
+    from .sim.result import write_run_error, write_text
 
     sc = load_scenario(config, list(overrides))
     out = writable_dir(Path(out_dir) if out_dir else Path("runs") / sc.name)
+    if timeline_file:
+        writable_file(timeline_file, "--timeline")
     enabled = sc.sim.progress and not quiet if progress_opt is None else progress_opt
     progress = Progress(enabled)
+    trace = None
+    write_text(out / "config.resolved.yaml", dump_scenario(sc))
+    (out / "error.json").unlink(missing_ok=True)
     try:
-        result = simulate(sc, progress=progress if enabled else None)
+        if timeline_file:
+            from .sim.timeline import TimelineOptions, simulate_with_timeline
+
+            result, trace = simulate_with_timeline(
+                simulate, sc, options=TimelineOptions(), progress=progress if enabled else None
+            )
+        else:
+            result = simulate(sc, progress=progress if enabled else None)
+    except Exception as exc:  # the run's folder keeps what failed and with which config
+        write_run_error(out, exc)
+        raise
     finally:
         progress.stop()
     result.write(out, plots=not no_plots)
     if not quiet:
         print_summary(result.summary, out)
+    if trace is not None and timeline_file:
+        from .cli_timeline import timeline_line
+        from .sim.timeline import write_timeline
+
+        write_timeline(trace, timeline_file)
+        if not quiet:
+            console().print(timeline_line(trace, timeline_file))
 
 
 @main.command()
@@ -460,6 +500,7 @@ def _register() -> None:
     from .cli_calibrate import calibrate, derive_profile, merge_profiles
     from .cli_cost import cost
     from .cli_plan import report, sweep_grid
+    from .cli_timeline import timeline
     from .cli_trace import trace
     from .cli_validate import validate
 
@@ -469,6 +510,7 @@ def _register() -> None:
     main.add_command(validate)
     main.add_command(trace)
     main.add_command(report)
+    main.add_command(timeline)
     sweep.add_command(sweep_grid, "grid")
 
 

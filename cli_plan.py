@@ -53,6 +53,13 @@ _sweep_overrides = overrides_option(
 )
 @_sweep_overrides
 @click.option("--plots", is_flag=True, help="Write each point's PNG plots (off for speed).")
+@click.option(
+    "--retries",
+    type=click.IntRange(0),
+    default=1,
+    show_default=True,
+    help="Runs again a point whose worker process died (killed, out of memory) this many times.",
+)
 @user_errors
 def sweep_grid(
     config: str,
@@ -63,13 +70,15 @@ def sweep_grid(
     out_dir: str | None,
     overrides: tuple[str, ...],
     plots: bool,
+    retries: int,
 ) -> None:
     """Run CONFIG once per point of a grid of overrides and tabulate the results.
 
     Writes DIR/sweep.parquet (one row per point: the grid keys, status, error, wall_s and the
     flattened summary), DIR/points/<id>.json and each point's run in DIR/runs/<id>/. Re-running
-    into the same DIR skips points already finished ok (failed points run again). Exit status 1
-    when a point failed.
+    into the same DIR skips points already finished ok (failed points run again). A point whose
+    worker process dies runs again (--retries), then fails alone. Exit status 1 when a point
+    failed.
     """
     from .planner.grid import load_grid
     from .planner.sweep import TABLE, run_sweep
@@ -92,6 +101,7 @@ def sweep_grid(
         base_overrides=list(overrides),
         progress=True,
         plots=plots,
+        retries=retries,
     )
     keys = list(dict.fromkeys(k for p in points for k in p.params))
     _print_sweep(table, keys)

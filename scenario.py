@@ -16,7 +16,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, TypeAdapter, model_validator
@@ -425,6 +425,50 @@ class Speculative(FrozenModel):
         return self.acceptance.get(name, self.acceptance["default"])
 
 
+class NoAdmission(FrozenModel):
+    """Admit every request that can run at all (queues grow without bound under overload)."""
+
+    policy: Literal["none"] = "none"
+
+
+class QueueTimeAdmission(FrozenModel):
+    """Reject a request at arrival when the predicted wait before its prefill starts exceeds a
+    limit: ``max_wait_s``, or (``slo_aware``) ``slo_wait_fraction`` of ``slo.ttft_s``; with both,
+    the smaller. The wait is the least-loaded prefill instance's queued work (its predicted
+    ``outstanding_s`` over its DP ranks)."""
+
+    policy: Literal["queue_time"]
+    max_wait_s: float | None = Field(None, gt=0, le=MAX_HORIZON_S)
+    slo_aware: bool = Field(False, description="derive the limit from slo.ttft_s")
+    slo_wait_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="slo_aware: share of the TTFT SLO the queue may take (the rest is left to "
+        "the prefill itself and the P->D transfer)",
+    )
+
+    @model_validator(mode="after")
+    def _limit(self) -> QueueTimeAdmission:
+        if self.max_wait_s is None and not self.slo_aware:
+            raise ValueError("queue_time needs max_wait_s, or slo_aware: true")
+        return self
+
+
+class QueueLengthAdmission(FrozenModel):
+    """Reject a request at arrival when ``max_queued`` prompts already wait for, or are in,
+    prefill across the pool (from admission, through any vision encoding, to the prefill end)."""
+
+    policy: Literal["queue_length"]
+    max_queued: int = Field(ge=1, le=10**9)
+
+
+AdmissionPolicy = Annotated[
+    NoAdmission | QueueTimeAdmission | QueueLengthAdmission, Field(discriminator="policy")
+]
+"""``policies.admission``: which arrivals are turned away (``rejected_by_reason``)."""
+
+
 class Policies(FrozenModel):
     prefill_router: Literal["tiered", "least_outstanding", "round_robin", "cache_affinity"] = (
         "tiered"
@@ -440,6 +484,7 @@ class Policies(FrozenModel):
     speculative: Speculative = Speculative()
     expert_imbalance: ExpertImbalance = ExpertImbalance()
     eplb: Eplb = Eplb()
+    admission: AdmissionPolicy = NoAdmission()
 
 
 class Spread(FrozenModel):
@@ -533,10 +578,14 @@ class Cache(FrozenModel):
 
 
 class Slo(FrozenModel):
-    """Goodput counts a request meeting both; the planner holds the p99s to them."""
+    """Goodput counts a request meeting every SLO that is set (``goodput.slo`` lists them); the
+    planner holds the p99 TTFT and TPOT to theirs."""
 
     ttft_s: float = Field(5.0, gt=0)
     tpot_s: float = Field(0.05, gt=0)
+    e2e_s: float | None = Field(
+        None, gt=0, le=MAX_HORIZON_S, description="end-to-end latency SLO (None: not applied)"
+    )
     min_user_tok_s: float | None = Field(
         None, gt=0, description="planner: minimum per-user output tokens/s (1 / p99 TPOT)"
     )
@@ -617,6 +666,21 @@ class SimSettings(FrozenModel):
     )
     progress: bool = Field(
         True, description="progress: a bar on a terminal, else a plain stderr line every 30 s"
+    )
+    drain_limit_s: float = Field(
+        86400.0,
+        gt=0,
+        le=MAX_HORIZON_S,
+        description="without a horizon, a run whose requests are still in flight this long after "
+        "the last arrival stops with an error (a link, pool or store too slow for the load "
+        "would otherwise simulate for ever)",
+    )
+    percentiles: tuple[typing.Annotated[float, Field(ge=0, le=100)], ...] = Field(
+        (50, 90, 95, 99, 99.9),
+        min_length=1,
+        max_length=32,
+        description="latency percentiles in summary.json (keys p50, p99.9...); p50, p90 and p99 "
+        "are always reported",
     )
 
 

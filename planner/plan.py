@@ -13,24 +13,38 @@ Shapes are tried cheapest-bound first: a shape whose cost at its cost-model rate
 (planner/bounds.py) already exceeds the best simulated deployment is pruned unsimulated.
 Storage nodes are sized from the one-pass TTL sweep at the scenario's TTLs, scaled to the
 target rate. Shapes run in parallel worker processes.
+
+Progress on disk, and resume: every probe and operating point is appended, as it finishes, to
+``<probes_dir>/<shape slug>.jsonl`` (by default ``probes/`` beside ``runs_dir``: the CLI's
+``plan/probes/``), keyed by a hash of the probe's fully resolved scenario. A re-run with the same
+config reads those lines and simulates only the probes not there yet (an edited config or
+``--set`` changes the hash and runs them again); a line cut short by a kill is ignored.
+
+A shape whose worker process dies (the out-of-memory killer) is evaluated again in a fresh
+worker ``retries`` times — its finished probes come from the log — then recorded ``error``
+with the exit status; the other shapes go on (planner/executors.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
 from ..models.registry import load_hardware
-from ..scenario import Scenario, load_scenario
+from ..scenario import Scenario, dump_scenario, load_scenario
 from ..sim.engine import simulate
 from ..sim.storage_sizing import nodes_for, ttl_report
 from ..traces.workload import build_source
 from .bounds import WorkloadStats, rate_bound
+from .executors import Failed, WorkerPool
 from .sweep import ray_context
 
 
@@ -145,6 +159,47 @@ class ProbeBase:
         return load_scenario(config, over)
 
 
+class ProbeLog:
+    """One shape's finished probes, one JSON line each in ``path`` (None: kept nowhere).
+
+    A line is ``{"kind": "probe" | "operating_point", "scenario_hash": ..., <numbers>}``; the
+    hash is of the probe's fully resolved scenario, so a line answers only the same simulation.
+    Lines are appended and flushed as each probe ends; one cut short by a kill is skipped.
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.done: dict[tuple[str, str], dict[str, Any]] = {}
+        if self.path is None or not self.path.is_file():
+            return
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and {"kind", "scenario_hash"} <= rec.keys():
+                self.done[(rec["kind"], rec["scenario_hash"])] = rec
+
+    @staticmethod
+    def key(sc: Scenario) -> str:
+        return sha1(dump_scenario(sc).encode()).hexdigest()
+
+    def get(self, kind: str, key: str) -> dict[str, Any] | None:
+        return self.done.get((kind, key))
+
+    def add(self, kind: str, key: str, values: dict[str, Any]) -> None:
+        rec = {"kind": kind, "scenario_hash": key, **values}
+        self.done[(kind, key)] = rec
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({**rec, "finished_at": datetime.now(UTC).isoformat()}) + "\n"
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def evaluate_shape(
     config: str,
     base: ProbeBase,
@@ -152,29 +207,37 @@ def evaluate_shape(
     hi: float,
     target: float,
     runs_dir: str | None = None,
+    probes_file: str | None = None,
 ) -> ShapeResult:
     """Bisection for one shape, then its operating point at the target (runs in a worker);
-    the operating point's full results go to ``runs_dir/<shape slug>`` when given."""
+    the operating point's full results go to ``runs_dir/<shape slug>`` when given. Probes
+    already in ``probes_file`` (a :class:`ProbeLog`) are read, not simulated; new ones are
+    appended as they finish."""
     sc = load_scenario(config, [*base.overrides, *shape.overrides()])
     gpus, usd_h = unit_cost(sc)
     res = ShapeResult(shape, hi, gpus, usd_h)
     plan = sc.planner
     fails: list[str] = []
-
-    def run(rate: float) -> dict[str, Any]:
-        return simulate(base.scenario(config, shape, rate)).summary
+    log = ProbeLog(probes_file)
 
     def meets(rate: float) -> bool:
-        summary = run(rate)
-        why = slo_failure(summary, sc)
-        res.probes.append({
-            "rate_rps": rate, "ok": not why, "missed": why,
-            "ttft_p99_s": summary["latency"]["ttft_s"]["p99"],
-            "tpot_p99_s": summary["latency"]["tpot_s"]["p99"],
-        })  # fmt: skip
-        if why:
-            fails.append(why)
-        return not why
+        probe_sc = base.scenario(config, shape, rate)
+        key = ProbeLog.key(probe_sc)
+        rec = log.get("probe", key)
+        if rec is None:
+            summary = simulate(probe_sc).summary
+            why = slo_failure(summary, sc)
+            rec = {
+                "rate_rps": rate, "ok": not why, "missed": why,
+                "ttft_p99_s": summary["latency"]["ttft_s"]["p99"],
+                "tpot_p99_s": summary["latency"]["tpot_s"]["p99"],
+            }  # fmt: skip
+            log.add("probe", key, rec)
+        probe = {k: rec[k] for k in ("rate_rps", "ok", "missed", "ttft_p99_s", "tpot_p99_s")}
+        res.probes.append(probe)
+        if probe["missed"]:
+            fails.append(probe["missed"])
+        return not probe["missed"]
 
     try:
         rate = max_sustainable_rate(meets, hi, plan.bisection_steps)
@@ -184,14 +247,31 @@ def evaluate_shape(
             res.status = "infeasible"
             return res
         res.replicas = math.ceil(target / (rate * plan.headroom))
-        result = simulate(base.scenario(config, shape, target / res.replicas))
+        op_sc = base.scenario(config, shape, target / res.replicas)
+        key = ProbeLog.key(op_sc)
         if runs_dir is not None:
             res.run_dir = str(Path(runs_dir) / shape.slug)
-            result.write(res.run_dir, plots=False)
-        at = result.summary
-        res.ttft_p99_s = at["latency"]["ttft_s"]["p99"]
-        res.tpot_p99_s = at["latency"]["tpot_s"]["p99"]
-        res.revenue_per_gpu_hour_usd = at["cost"]["revenue_per_gpu_hour_usd"] or math.nan
+        op = log.get("operating_point", key)
+        if op is not None and res.run_dir and op.get("run_dir") != res.run_dir:
+            op = None  # its run folder is elsewhere: simulate it again to have one here
+        if op is not None and res.run_dir and not (Path(res.run_dir) / "summary.json").is_file():
+            op = None
+        if op is None:
+            result = simulate(op_sc)
+            if res.run_dir:
+                result.write(res.run_dir, plots=False)
+            at = result.summary
+            op = {
+                "rate_rps": target / res.replicas,
+                "run_dir": res.run_dir,
+                "ttft_p99_s": at["latency"]["ttft_s"]["p99"],
+                "tpot_p99_s": at["latency"]["tpot_s"]["p99"],
+                "revenue_per_gpu_hour_usd": at["cost"]["revenue_per_gpu_hour_usd"],
+            }
+            log.add("operating_point", key, op)
+        res.ttft_p99_s = op["ttft_p99_s"]
+        res.tpot_p99_s = op["tpot_p99_s"]
+        res.revenue_per_gpu_hour_usd = op["revenue_per_gpu_hour_usd"] or math.nan
         res.status = "feasible"
     except Exception as exc:  # a crashing shape is recorded, the plan goes on
         res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
@@ -274,9 +354,18 @@ def plan(
     runs_dir: str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    probes_dir: str | None = None,
+    retries: int = 1,
 ) -> Plan:
     """Search the scenario's candidate shapes (see the module notes); ``executor="ray"`` runs
-    each batch of ``workers`` shapes as Ray tasks (a local instance, or ``ray_address``)."""
+    each batch of ``workers`` shapes as Ray tasks (a local instance, or ``ray_address``).
+
+    Each probe is appended to ``probes_dir/<shape slug>.jsonl`` as it finishes (default:
+    ``probes/`` beside ``runs_dir``; nowhere when neither is given), and probes already there
+    for the same resolved scenario are not simulated again: a re-run resumes. A shape whose
+    worker dies is evaluated again ``retries`` times, then recorded ``error``."""
+    if probes_dir is None and runs_dir is not None:
+        probes_dir = str(Path(runs_dir).parent / "probes")
     sc = load_scenario(config, list(overrides))
     source = build_source(sc.workload, sc.seed)
     stats = WorkloadStats.of(source)
@@ -302,7 +391,7 @@ def plan(
     best_usd = math.inf
     stack = contextlib.ExitStack()
     ray = stack.enter_context(ray_context(workers, ray_address)) if executor == "ray" else None
-    pool = ProcessPoolExecutor(workers) if workers > 1 and ray is None else None
+    pool = WorkerPool(workers) if workers > 1 and ray is None else None
     try:
         pending = list(results)
         while pending:
@@ -316,12 +405,23 @@ def plan(
                         progress(r)
                     continue
                 batch.append(r)
+            args: list[tuple[Any, ...]]
             args = [(config, base, r.shape, r.bound_rps, target, runs_dir) for r in batch]
+            if probes_dir is not None:  # (added only when set: test doubles take six arguments)
+                args = [
+                    (*a, str(Path(probes_dir) / f"{r.shape.slug}.jsonl"))
+                    for a, r in zip(args, batch, strict=True)
+                ]
             if ray is not None:
-                remote = ray.remote(num_cpus=1, max_retries=0)(evaluate_shape)
+                remote = ray.remote(num_cpus=1, max_retries=retries)(evaluate_shape)
                 done = ray.get([remote.remote(*a) for a in args])
             elif pool is not None:
-                done = list(pool.map(evaluate_shape, *zip(*args, strict=True)))
+                done = list(batch)
+                keys = [r.shape.slug for r in batch]
+                for i, out, _ in pool.imap(evaluate_shape, args, keys, retries):
+                    if isinstance(out, Failed):  # its worker died (out of memory?)
+                        out = replace(batch[i], status="error", error=str(out))
+                    done[i] = out
             else:
                 done = [evaluate_shape(*a) for a in args]
             for r, d in zip(batch, done, strict=True):
@@ -336,6 +436,6 @@ def plan(
                     progress(d)
     finally:
         if pool is not None:
-            pool.shutdown()
+            pool.close()
         stack.close()
     return Plan(target, storage_nodes, storage_usd_h, stats.output_tokens, results)

@@ -7,6 +7,11 @@ Design notes
   ``runs/<point_id>/`` (config, summary, requests, timeseries; plots only when asked). A point
   that raises writes ``runs/<point_id>/error.txt`` (the traceback) instead and is recorded with
   ``status: error``; the sweep goes on.
+- **A dead worker fails one point.** A worker process killed hard (the out-of-memory killer's
+  SIGKILL) takes no other point with it (planner/executors.py): its point runs again in a fresh
+  worker ``retries`` times (default 1), then is recorded ``status: error`` with
+  ``worker died (exit -9, SIGKILL)...``; points running elsewhere or not yet started are
+  untouched. Each record says how many ``attempts`` it took.
 - **One file per finished point.** The driver writes each point's row to
   ``points/<point_id>.json`` (temporary file + rename, so a killed sweep never leaves half a
   row). The table ``sweep.parquet`` is rebuilt from those files at the end, in grid order: one
@@ -16,10 +21,11 @@ Design notes
   (a hash of its fully resolved config, so an edited config file or a different ``--set``
   re-runs it) is skipped. Points that ended in an error are run again: errors are usually
   transient (a killed worker) or fixed between attempts, and a run is the only way to know.
-- **Executors.** ``local`` uses a ``ProcessPoolExecutor`` (fork on Linux: workers start at once
-  with the simulator imported, and a script needs no ``__main__`` guard; spawn elsewhere);
-  ``workers=1`` runs in this process. ``ray`` sends each point as a Ray task (one CPU each) and
-  needs the optional ``ray`` extra. The driver writes ``points/`` and the table; each task
+- **Executors.** ``local`` uses :class:`~.executors.WorkerPool` (fork on Linux: workers start at
+  once with the simulator imported, and a script needs no ``__main__`` guard; spawn elsewhere);
+  ``workers=1`` runs in this process (a hard kill there ends the sweep: re-run it to resume).
+  ``ray`` sends each point as a Ray task (one CPU each; Ray's ``max_retries`` is ``retries``)
+  and needs the optional ``ray`` extra. The driver writes ``points/`` and the table; each task
   writes its own ``runs/<id>/``, so on a multi-machine Ray cluster ``out_dir`` must be on a
   shared filesystem.
 - **Validation first.** Every point's scenario is loaded before any run, so a typo fails at once.
@@ -29,14 +35,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import re
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from datetime import UTC, datetime
 from hashlib import sha1
 from pathlib import Path
@@ -47,6 +51,7 @@ import pandas as pd
 from ..errors import UserError
 from ..scenario import dump_scenario, load_scenario
 from ..sim.engine import simulate
+from .executors import Failed, WorkerPool
 from .grid import GridPoint, check_points
 
 TABLE = "sweep.parquet"
@@ -126,45 +131,40 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
 # ---- executors ----------------------------------------------------------------------------------
 
 
-def _context() -> Any:
-    """fork on Linux: workers start at once with the simulator already imported, and scripts
-    need no ``if __name__ == "__main__"`` guard. Elsewhere (macOS, Windows) spawn."""
-    if sys.platform == "linux":
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
-
-
 def _local(
     tasks: list[dict[str, Any]],
     workers: int,
     done: Callable[[dict[str, Any]], None],
     started: Callable[[], None],
+    retries: int = 1,
+    pause: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
 ) -> None:
+    """Run the tasks in ``workers`` processes (:class:`~.executors.WorkerPool`): a point whose
+    worker dies is run again ``retries`` times, then recorded failed with the exit status; the
+    other points go on. ``workers=1`` runs the points in this process."""
     if workers <= 1 or len(tasks) <= 1:
         started()
         for task in tasks:
             done(run_point(task))
         return
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=_context()) as pool:
-        # every worker is forked at the first submit, before `started` starts the progress
-        # bar's thread: no fork with a second thread running
-        pending: dict[Future[dict[str, Any]], dict[str, Any]] = {
-            pool.submit(run_point, t): t for t in tasks
-        }
+    # every worker is forked here, before `started` starts the progress bar's thread: no fork
+    # with a second thread running (a replacement for a dead worker forks under `pause`)
+    with WorkerPool(min(workers, len(tasks)), pause=pause) as pool:
         started()
-        try:
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    task = pending.pop(fut)
-                    try:
-                        record = fut.result()
-                    except Exception as exc:  # the worker process died (killed, out of memory)
-                        record = _failed(task, f"worker failed: {type(exc).__name__}: {exc}")
-                    done(record)
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+        keys = [t["point_id"] for t in tasks]
+        for i, out, attempts in pool.imap(run_point, [(t,) for t in tasks], keys, retries):
+            if isinstance(out, Failed):
+                record = _failed(tasks[i], str(out))
+                with contextlib.suppress(OSError):
+                    Path(tasks[i]["run_dir"]).mkdir(parents=True, exist_ok=True)
+                    (Path(tasks[i]["run_dir"]) / "error.txt").write_text(
+                        f"{out}\nNo traceback: the worker process was killed (SIGKILL is what the "
+                        "out-of-memory killer sends) or crashed in native code.\n",
+                        encoding="utf-8",
+                    )
+            else:
+                record = out
+            done({**record, "attempts": attempts})
 
 
 def real_ray() -> Any | None:
@@ -214,11 +214,13 @@ def _ray(
     workers: int,
     address: str | None,
     done: Callable[[dict[str, Any]], None],
+    retries: int = 1,
 ) -> None:
     if not tasks:
         return
     with ray_context(workers, address) as ray:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
+        # Ray re-runs a task whose worker died (not one that raised) `max_retries` times
+        remote = ray.remote(num_cpus=1, max_retries=retries)(run_point)
         pending = {remote.remote(t): t for t in tasks}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
@@ -293,18 +295,23 @@ def run_sweep(
     base_overrides: Sequence[str] = (),
     progress: bool = True,
     plots: bool = False,
+    retries: int = 1,
 ) -> pd.DataFrame:
     """Run every point of a sweep and return its table (also written to ``out_dir/sweep.parquet``).
 
     ``points`` are :class:`GridPoint`\\ s (from :func:`~deepinfer_sim.planner.load_grid`) or
     plain mappings of dotted overrides. Points already finished ``ok`` in ``out_dir`` for the
     same resolved scenario are skipped; ``table.attrs["ran"]`` and ``["skipped"]`` list the ids.
-    ``progress`` shows a bar when stderr is a terminal.
+    ``progress`` shows a bar when stderr is a terminal. A point whose worker process dies (killed
+    by the out-of-memory killer, say) runs again up to ``retries`` times, then is recorded
+    failed with the exit status; the other points go on.
     """
     if executor not in ("local", "ray"):
         raise UserError(f"executor {executor!r}: expected 'local' or 'ray'")
     if workers < 1:
         raise UserError(f"workers {workers}: expected at least 1")
+    if retries < 0:
+        raise UserError(f"retries {retries}: expected at least 0")
     if executor == "ray":
         _import_ray()
     grid = [GridPoint.of(p) for p in points]
@@ -371,6 +378,20 @@ def run_sweep(
             bar.start()
             live.append(bar)
 
+    @contextlib.contextmanager
+    def pause() -> Iterator[None]:
+        """The bar's refresh thread stops while a replacement worker forks."""
+        for b in live:
+            thread = getattr(b.live, "_refresh_thread", None)  # rich's stop() does not join it
+            b.stop()
+            if thread is not None:
+                thread.join(1.0)
+        try:
+            yield
+        finally:
+            for b in live:
+                b.start()
+
     ran: list[str] = []
 
     def done(record: dict[str, Any]) -> None:
@@ -390,9 +411,9 @@ def run_sweep(
     try:
         if executor == "ray":
             started()
-            _ray(tasks, workers, ray_address, done)
+            _ray(tasks, workers, ray_address, done, retries)
         else:
-            _local(tasks, workers, done, started)
+            _local(tasks, workers, done, started, retries, pause)
     finally:
         for b in live:
             b.stop()

@@ -12,8 +12,9 @@ whole context (prompt + output + SWA slot) up front, so a running sequence never
 memory and nothing is preempted.
 
 Inter-token latencies are not recorded per token: the group keeps one row per step (end time,
-duration, sequences stepped, sequences on their first step) and each request remembers the steps
-it ran in, from which :meth:`DecodeGroup.itl_samples` rebuilds every ITL exactly after the run.
+duration, sequences stepped, sequences on their first step, tokens emitted) and each request
+remembers the steps it ran in, from which ``sim/itl.py`` rebuilds every per-step ITL exactly
+after the run.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class DecodeGroup(StepLoop):
         self.step_dt: list[float] = []
         self.step_n: list[int] = []
         self.step_new: list[int] = []
+        self.step_tokens: list[int] = []  # tokens emitted (all sequences): per-token ITL
         self.busy_s = 0.0
         self.tokens_out = 0
         # occupancy integrals over stepping time (idle time adds nothing): sequence-seconds,
@@ -270,6 +272,7 @@ class DecodeGroup(StepLoop):
         spec = self.spec
         if spec is None or not spec.active:  # plain decoding: one token each
             self.tokens_out += n
+            self.step_tokens.append(n)
             self.kv += self.batch
             self.s_ctx[:hw] += 1
             left -= 1  # holes hold _IDLE and never reach zero
@@ -278,7 +281,9 @@ class DecodeGroup(StepLoop):
         else:
             live = self.s_req[:hw] >= 0
             emitted = spec.accept(hw, live, left)
-            self.tokens_out += int(emitted.sum())
+            out = int(emitted.sum())
+            self.tokens_out += out
+            self.step_tokens.append(out)
             self.kv += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
             self.s_ctx[:hw] += emitted
             left -= emitted

@@ -23,7 +23,7 @@ import numpy as np
 import simpy
 
 from ..calibration.profile import load_profile
-from ..errors import ConfigError, InvariantError
+from ..errors import ConfigError, InvariantError, UserError
 from ..models.cost import PoolShape, RooflineStepCost, StepCost
 from ..models.hardware import HardwareSpec
 from ..models.profile_cost import ProfileStepCost
@@ -33,6 +33,7 @@ from ..rng import stream
 from ..scenario import Scenario
 from ..traces import RequestSource
 from ..traces.workload import build_source
+from .admission import Admission, make_admission
 from .balancer import make_balancer
 from .decode import DecodeGroup
 from .expert_load import ExpertLoadModel
@@ -196,6 +197,7 @@ class Cluster:
     repairs_pending: int = 0
     parked: deque[tuple[int, int]] = field(default_factory=deque)
     route_decode: Callable[[int, int], None] | None = None
+    admission: Admission = field(default_factory=Admission)  # policies.admission
 
     def count_end(self) -> None:
         self.ended += 1
@@ -292,6 +294,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     cl.route_decode = route_decode
 
     def on_prefill_done(rid: int, inst: int) -> None:
+        cl.admission.prefilled()
         if table.output_len[rid] <= 1:  # the prefill's token is the whole answer
             table.t_transfer_end[rid] = env.now
             table.t_done[rid] = env.now
@@ -307,6 +310,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         link = cl.links[inst]
         if not link.up and backups:
             link = backups[inst]
+            cl.counters["rerouted_transfers"] = cl.counters.get("rerouted_transfers", 0) + 1
         link.send(2 * rid, nbytes, on_transfer_done)
 
     prefill_cost = make_step_cost(
@@ -332,6 +336,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     )
     cl.prefill = cl.path.instances
     to_prefill = cl.path.admit
+    cl.admission = admission = make_admission(sc.policies.admission, sc.slo, cl.prefill)
 
     if pools.vision.instances:
         ve_hw = hw["vision"]
@@ -352,10 +357,14 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
             table.reject(rid, RejectReason.KV_CAPACITY)
         elif source.image_count[rid] > 0 and not cl.vision:
             table.reject(rid, RejectReason.NO_VISION_ENCODER)
+        elif reason := admission.reason(rid):  # policies.admission: turned away under load
+            table.reject(rid, reason)
         elif source.image_count[rid] > 0:
+            admission.admitted()
             least_outstanding(cl.vision).submit(rid)
             return
         else:
+            admission.admitted()
             to_prefill(rid)
             return
         cl.count_end()
@@ -455,7 +464,9 @@ def rank_fail(cl: Cluster, group: int, rank: int, at_s: float, duration_s: float
 
 
 def link_cut(cl: Cluster, target: int, at_s: float, duration_s: float):
-    """Cut instance ``target``'s P->D link for a while; with a backup path its flows move there."""
+    """Cut instance ``target``'s P->D link for a while; with a backup path its flows move there
+    (and ``transfer`` sends new P->D transfers there until the repair: ``transfer.rerouted``
+    counts both)."""
     env = cl.env
     yield env.timeout(at_s)
     link = cl.links[target]
@@ -465,7 +476,9 @@ def link_cut(cl: Cluster, target: int, at_s: float, duration_s: float):
         backup = cl.backup_links[target]
         for fid, left, cb in link.drain():
             backup.send(fid, left, cb)
-            cl.counters["rerouted_transfers"] = cl.counters.get("rerouted_transfers", 0) + 1
+            # flow ids: 2·rid P->D transfer, 2·rid + 1 store write (sharing the egress link)
+            key = "rerouted_transfers" if fid % 2 == 0 else "rerouted_store_writes"
+            cl.counters[key] = cl.counters.get(key, 0) + 1
     yield env.timeout(duration_s)
     link.repair()
 
@@ -526,24 +539,34 @@ def simulate(
     assert cl.all_ended is not None
     if len(source) == 0:
         cl.all_ended.succeed()
-    step = max(1.0, float(source.arrival_s[-1]) / 50) if len(source) else 1.0
+    last_arrival = float(source.arrival_s[-1]) if len(source) else 0.0
+    step = max(1.0, last_arrival / 50)
+    stop = horizon if horizon is not None else last_arrival + sc.sim.drain_limit_s
     while not cl.all_ended.triggered:
-        target = env.now + step
-        if horizon is not None:
-            target = min(target, horizon)
+        target = min(env.now + step, stop)
         env.run(until=simpy.AnyOf(env, [cl.all_ended, env.timeout(target - env.now)]))
         if progress is not None:
             progress(env.now, cl.ended, cl.table.n)
-        if horizon is not None and env.now >= horizon:
-            break
+        if env.now >= stop and not cl.all_ended.triggered:
+            if horizon is not None:
+                break
+            raise UserError(
+                f"{cl.arrived - cl.ended:,} requests still in flight {sc.sim.drain_limit_s:g} "
+                f"simulated s after the last arrival (t={last_arrival:,.0f} s): the deployment "
+                "cannot serve this load (a link, pool or store too slow for it); raise "
+                "sim.drain_limit_s, or set sim.horizon_s to cut the run"
+            )
     sampler.sample()
     check_invariants(cl)
     wall = time.perf_counter() - wall0
-    itl_stats, itl_max = itl_summary(cl.table, cl.decode)
-    summary = summarize(cl, itl_stats, wall, sampler.read_gbps_peak, sampler.queue_stats())
+    itl_stats, itl_max = itl_summary(cl.table, cl.decode, sc.sim.percentiles)
+    timeseries = sampler.frame()
+    summary = summarize(
+        cl, itl_stats, wall, sampler.read_gbps_peak, sampler.queue_stats(), timeseries
+    )
     return Result(
         scenario=sc,
         requests=cl.table.frame(itl_max),
-        timeseries=sampler.frame(),
+        timeseries=timeseries,
         summary=summary,
     )

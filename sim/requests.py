@@ -32,6 +32,9 @@ class RejectReason(IntEnum):
     KV_CAPACITY = 2  # the request can never fit in one decode rank's KV memory
     NO_VISION_ENCODER = 3  # the request has images but the scenario has no VE instance
     NO_DECODE_RANK = 4  # every decode rank is down and none will be repaired
+    # admission control (policies.admission), decided at arrival
+    QUEUE_TIME = 5  # the predicted wait before its prefill starts exceeds the limit
+    QUEUE_LENGTH = 6  # the prefill pool already holds policies.admission.max_queued prompts
 
 
 class RequestTable:

@@ -29,6 +29,21 @@ def write_text(path: Path, text: str) -> None:
     _atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
 
 
+def write_run_error(out: Path, exc: BaseException) -> None:
+    """``error.json`` in a run's folder: what stopped it (next to its ``config.resolved.yaml``)."""
+    import traceback
+
+    from ..errors import UserError
+
+    record = {
+        "error": type(exc).__name__,
+        "message": " ".join(str(exc).split()),
+        "user_error": isinstance(exc, UserError),
+        "traceback": None if isinstance(exc, UserError) else traceback.format_exc(),
+    }
+    write_text(out / "error.json", json.dumps(record, indent=2) + "\n")
+
+
 @dataclass
 class Result:
     scenario: Scenario

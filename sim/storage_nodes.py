@@ -18,6 +18,8 @@ chunk ``bytes / write_bw``, so concurrent reads and writes share the node. A nod
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..scenario import StoragePool
@@ -37,6 +39,7 @@ class StorageNodes:
         "read_bytes",
         "read_s_per_byte",
         "rebuild_bytes",
+        "recorder",
         "rng",
         "width",
         "write_bytes",
@@ -61,6 +64,9 @@ class StorageNodes:
         self.write_bytes = 0.0
         self.rebuild_bytes = 0.0
         self.degraded_reads = 0
+        # (nodes, service s, service end per node, bytes per node, is write) per queued chunk
+        # set: the timeline export's recorder (sim/timeline.py); None, the default, records nothing
+        self.recorder: Callable[[list[int], float, list[float], float, bool], None] | None = None
 
     def members(self, group: int) -> range:
         return range(group * self.width, (group + 1) * self.width)
@@ -84,6 +90,8 @@ class StorageNodes:
             t = max(busy[n], now) + service
             busy[n] = t
             done.append(t)
+        if self.recorder is not None:
+            self.recorder(nodes, service, done, nbytes, s_per_byte == self.write_s_per_byte)
         if self.latency_s > 0:
             lat = self._latencies(len(nodes))
             done = [d + x for d, x in zip(done, lat, strict=True)]

@@ -1,7 +1,14 @@
 """summary.json: the run's headline numbers, in vLLM-bench vocabulary plus cost and revenue.
 
 Throughput is measured over the run's makespan (first arrival to last completion), as vLLM's
-benchmark does. Goodput counts completed requests that met both SLOs (TTFT and TPOT).
+benchmark does. Goodput counts completed requests that met every SLO that is set (TTFT and TPOT,
+and E2E when ``slo.e2e_s`` is set; ``goodput.slo`` lists those applied). Latency distributions
+carry ``vllm bench serve``'s statistics: mean, std, min, max and the ``sim.percentiles``
+(p50, p90 and p99 always). ITL is measured per decode step (``itl_s``, vLLM's per-chunk ITL under
+speculative decoding) and per token (``itl_per_token_s``), see ``sim/itl.py``. Peak output
+throughput is the most output tokens (first tokens included) delivered in one time-series
+interval over its width (``sim.timeseries_interval_s``, 1 s by default as vLLM's buckets); peak
+concurrency is the most requests between arrival and completion at any instant.
 Utilization is the fraction of the window from the first arrival to the end of the simulation
 that each engine spent stepping (a step cut by the horizon counts up to it), averaged over the
 pool's engines: at most 1 by construction. Being busy is not being full (a Wide-EP group steps
@@ -20,11 +27,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ..models.registry import load_hardware
-from .metrics import dist_stats
+from .metrics import bench_stats, dist_stats, latency_percentiles
 from .requests import RejectReason, State
 from .storage_sizing import scenario_gpus
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from .engine import Cluster
 
 
@@ -273,13 +282,114 @@ def _vision(cl: Cluster, window: float) -> dict[str, Any] | None:
     }
 
 
+def _admission(cl: Cluster) -> dict[str, Any]:
+    """policies.admission: its limit, what it turned away, and the prefill backlog it saw."""
+    t = cl.table
+    adm = cl.admission
+    admission_reasons = (RejectReason.QUEUE_TIME, RejectReason.QUEUE_LENGTH)
+    turned = (t.state == State.REJECTED) & np.isin(t.reject_reason, admission_reasons)
+    n = int(turned.sum())
+    return {
+        "policy": cl.sc.policies.admission.policy,
+        "max_wait_s": adm.limit_s,
+        "max_queued": adm.max_queued,
+        "rejected": n,
+        "rejected_fraction": n / cl.arrived if cl.arrived else 0.0,
+        "predicted_wait_max_s": adm.wait_max_s if adm.limit_s is not None else None,
+        "prefill_backlog_max": adm.backlog_max,
+    }
+
+
+def _rates(
+    n: int, in_tok: float, out_tok: float, first: float, last: float
+) -> dict[str, float | None]:
+    span = last - first
+    ok = n > 1 and span > 0
+    return {
+        "window_s": max(span, 0.0),
+        "requests": n,
+        "request_per_s": n / span if ok else None,
+        "input_tok_per_s": in_tok / span if ok else None,
+        "output_tok_per_s": out_tok / span if ok else None,
+    }
+
+
+def _offered_load(cl: Cluster) -> dict[str, Any]:
+    """Offered vs served load. Offered: every arrived request (rejected ones too) over the
+    arrival window (first to last arrival). Served: the completed requests over the completion
+    window (first to last completion), so that a cluster keeping up serves what it is offered
+    (the two windows are the same span shifted by the latency) and an overloaded one shows its
+    service rate below the offered rate (served_over_offered < 1)."""
+    t = cl.table
+    arrived = t.state != State.PENDING
+    done = t.state == State.DONE
+    arr = t.arrival[arrived]
+    fin = t.t_done[done]
+    offered = _rates(
+        int(arrived.sum()),
+        float(t.input_len[arrived].sum()),
+        float(t.output_len[arrived].sum()),
+        float(arr.min()) if arr.size else 0.0,
+        float(arr.max()) if arr.size else 0.0,
+    )
+    served = _rates(
+        int(done.sum()),
+        float(t.input_len[done].sum()),
+        float(t.output_len[done].sum()),
+        float(fin.min()) if fin.size else 0.0,
+        float(fin.max()) if fin.size else 0.0,
+    )
+    o, s = offered["request_per_s"], served["request_per_s"]
+    return {
+        "offered": offered,
+        "served": served,
+        "served_over_offered": s / o if o and s is not None else None,
+        "completed_fraction": int(done.sum()) / cl.arrived if cl.arrived else None,
+    }
+
+
+def _peak_output_tok_per_s(cl: Cluster, timeseries: pd.DataFrame | None) -> float | None:
+    """Most output tokens delivered in one time-series interval, over the interval's nominal
+    width (a final, shorter interval too, as vLLM's last 1 s bucket): the decode tokens the
+    interval's row counted plus the first tokens (delivered with the KV hand-off) that fell in
+    it. None without time-series rows."""
+    if timeseries is None or timeseries.empty:
+        return None
+    ends = timeseries["t_s"].to_numpy(dtype=float)
+    edges = np.concatenate([[0.0], ends])
+    decoded = timeseries["output_tok_per_s"].to_numpy(dtype=float) * np.diff(edges)
+    first = cl.table.t_transfer_end
+    first = first[np.isfinite(first)]
+    firsts = np.histogram(first, bins=edges)[0] if edges.size > 1 else np.zeros(0)
+    return float((decoded + firsts).max() / cl.sc.sim.timeseries_interval_s)
+
+
+def _peak_concurrency(cl: Cluster) -> int:
+    """Most requests in flight at once, exactly, from the requests table: a request counts from
+    its arrival to its completion (to the end of the run when still in flight); a rejected one
+    never counts (the table keeps no rejection time, and most are rejected at arrival)."""
+    t = cl.table
+    live = (t.state != State.PENDING) & (t.state != State.REJECTED)
+    done = t.state == State.DONE
+    times = np.concatenate([t.arrival[live], t.t_done[done]])
+    if times.size == 0:
+        return 0
+    steps = np.concatenate([np.ones(int(live.sum())), -np.ones(int(done.sum()))])
+    order = np.lexsort((steps, times))  # at equal times a completion before an arrival
+    return int(np.cumsum(steps[order]).max())
+
+
 def summarize(
     cl: Cluster,
-    itl_stats: dict[str, float],
+    itl_stats: dict[str, dict[str, float]],
     wall_s: float,
     read_gbps_peak: float = 0.0,
     queues: dict[str, dict[str, float]] | None = None,
+    timeseries: pd.DataFrame | None = None,
 ) -> dict[str, Any]:
+    """The run's summary.json. ``itl_stats`` is :func:`~deepinfer_sim.sim.itl.itl_summary`'s
+    (``itl_s`` per decode step, ``itl_per_token_s``); ``timeseries`` gives the peak output
+    throughput (None without it)."""
     t = cl.table
     sc = cl.sc
     states = np.bincount(t.state, minlength=len(State))
@@ -302,11 +412,17 @@ def summarize(
     out_tok = float(t.output_len[done].sum())
     in_s, out_s = in_tok / makespan, out_tok / makespan
     pools = sc.pools
+    pcts = latency_percentiles(sc.sim.percentiles)
+    slo = sc.slo
     good = done.copy()
-    good[done] = ttft <= sc.slo.ttft_s
+    good[done] = ttft <= slo.ttft_s
     tpot_full = np.full(t.n, 0.0)
     tpot_full[has_dec] = tpot
-    good &= tpot_full <= sc.slo.tpot_s
+    good &= tpot_full <= slo.tpot_s
+    applied_slo = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}
+    if slo.e2e_s is not None:
+        good[done] &= e2e <= slo.e2e_s
+        applied_slo["e2e_s"] = slo.e2e_s
     n_good = int(good.sum())
     seq_steps = sum(g.seq_steps for g in cl.decode)
     steps = sum(g.steps for g in cl.decode)
@@ -327,13 +443,18 @@ def summarize(
             },
         },
         "latency": {
-            "ttft_s": dist_stats(ttft),
-            "tpot_s": dist_stats(tpot),
-            "itl_s": itl_stats,
-            "e2e_s": dist_stats(e2e),
+            "ttft_s": bench_stats(ttft, pcts),
+            "tpot_s": bench_stats(tpot, pcts),
+            "itl_s": itl_stats["itl_s"],  # per decode step (vLLM's per-chunk ITL)
+            "itl_s_per": "decode step",
+            "itl_per_token_s": itl_stats["itl_per_token_s"],
+            "e2e_s": bench_stats(e2e, pcts),
         },
         "throughput": {
             "duration_s": makespan,
+            "completed": completed,
+            "total_input_tokens": int(in_tok),
+            "total_output_tokens": int(out_tok),
             "request_per_s": completed / makespan,
             "input_tok_per_s": in_s,
             "output_tok_per_s": out_s,
@@ -342,9 +463,12 @@ def summarize(
             / max(1, pools.prefill.gpus + pools.decode.gpus + pools.vision.gpus),
             "input_tok_per_s_per_prefill_gpu": in_s / pools.prefill.gpus,
             "output_tok_per_s_per_decode_gpu": out_s / pools.decode.gpus,
+            "peak_output_tok_per_s": _peak_output_tok_per_s(cl, timeseries),
+            "peak_window_s": sc.sim.timeseries_interval_s,
+            "peak_concurrent_requests": _peak_concurrency(cl),
         },
         "goodput": {
-            "slo": {"ttft_s": sc.slo.ttft_s, "tpot_s": sc.slo.tpot_s},
+            "slo": applied_slo,  # the SLOs a good request met, all of them
             "requests": n_good,
             "request_per_s": n_good / makespan,
             "fraction_of_completed": n_good / completed if completed else None,
@@ -378,8 +502,14 @@ def summarize(
             "mean_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["mean"],
             "p99_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["p99"],
             "link_cuts": cl.counters.get("link_cuts", 0),
+            # P->D transfers that used a backup link: moved there at a cut, or started while
+            # their instance's link was cut; store writes moved at a cut are counted apart
             "rerouted": cl.counters.get("rerouted_transfers", 0),
+            "rerouted_store_writes": cl.counters.get("rerouted_store_writes", 0),
+            "backup_bytes": float(sum(link.bytes_total for link in cl.backup_links)),
         },
+        "admission": _admission(cl),
+        "offered_load": _offered_load(cl),
         "vision": _vision(cl, window),
         "prefill": _prefill(cl),
         "cache": _cache(cl),

@@ -144,6 +144,14 @@ def test_report(invoke, runs, name, tmp_path):
     check(invoke("report", str(run_dir), "--out", str(tmp_path / "report.html")))
 
 
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_timeline(invoke, runs, name, tmp_path):
+    res, run_dir = runs(name)
+    if res.exit_code:
+        pytest.skip(f"`run` failed on {name}; test_run[{name}] reports it")
+    check(invoke("timeline", str(run_dir), "--out", str(tmp_path / "timeline.json")))
+
+
 @pytest.mark.parametrize("pool", ["decode", "prefill"])
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_eplb(invoke, scenarios, name, pool):
@@ -216,7 +224,7 @@ def test_commands_without_a_scenario(invoke, args):
 # ---- the matrix covers the CLI ----------------------------------------------------------------
 
 IN_MATRIX = {
-    "show", "run", "report", "eplb", "cost", "sweep ttl", "sweep grid", "plan",
+    "show", "run", "report", "timeline", "eplb", "cost", "sweep ttl", "sweep grid", "plan",
     "trace synth", "trace stats", "trace convert", "validate", "list", "schema",
 }  # fmt: skip
 
