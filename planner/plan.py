@@ -3,7 +3,8 @@
 A *shape* is one replicable unit: ``prefill_instances`` prefill instances of EP ``prefill_ep``
 plus one decode group of EP ``decode_ep`` (and the scenario's vision encoders and storage). For
 each shape the planner finds the largest request rate the unit sustains within the SLOs — p99
-TTFT ≤ ``slo.ttft_s``, p99 TPOT ≤ ``slo.tpot_s`` (and ≤ 1 / ``slo.min_user_tok_s``), nothing
+TTFT ≤ ``slo.ttft_s``, p99 TPOT ≤ ``slo.tpot_s`` (and ≤ 1 / ``slo.min_user_tok_s``), p99 E2E ≤
+``slo.e2e_s`` when set, nothing
 rejected — by bisection on load, each probe a full simulation of the workload's first
 ``planner.probe_requests`` requests replayed at that rate (the method of Vidur-Search and
 DistServe). The target rate then needs ``ceil(target / (headroom × sustainable))`` replicas;
@@ -124,6 +125,8 @@ def slo_failure(summary: dict[str, Any], sc: Scenario) -> str:
         tpot = min(tpot, 1.0 / sc.slo.min_user_tok_s)
     if not (lat["tpot_s"]["p99"] or 0.0) <= tpot:
         return "tpot"
+    if sc.slo.e2e_s is not None and not (lat.get("e2e_s", {}).get("p99") or 0.0) <= sc.slo.e2e_s:
+        return "e2e"
     return ""
 
 

@@ -51,6 +51,13 @@ def test_slo_failure_names_the_missed_slo() -> None:
     assert slo_failure(summary(1.0, 0.04, rejected=1), sc) == "rejections"
     strict = load_scenario("default", ["slo.min_user_tok_s=40"])  # 1 / 40 = 25 ms
     assert slo_failure(summary(1.0, 0.03), strict) == "tpot"
+    e2e = load_scenario("default", ["slo.e2e_s=10"])
+    slow = summary(1.0, 0.04)
+    slow["latency"]["e2e_s"] = {"p99": 12.0}
+    assert slo_failure(slow, e2e) == "e2e"
+    slow["latency"]["e2e_s"] = {"p99": 8.0}
+    assert slo_failure(slow, e2e) == ""
+    assert slo_failure(summary(1.0, 0.04), e2e) == ""  # a summary without E2E: not judged
 
 
 TRUE_RATE = {(4, 8, 64): 50.0, (4, 16, 64): 95.0, (8, 8, 64): 60.0, (8, 16, 64): 110.0}
