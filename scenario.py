@@ -614,10 +614,15 @@ class Planner(FrozenModel):
 
 
 class Revenue(FrozenModel):
-    """What users pay per million tokens (valley pricing by default)."""
+    """What users pay per million tokens (valley pricing by default). Providers that cache
+    prompts bill cached input tokens lower (DeepSeek's API: a cache hit at about a quarter to
+    a tenth of a miss); ``input_cache_hit_per_mtok_usd`` prices the prefix-cache hits so."""
 
-    input_per_mtok_usd: float = Field(0.14, ge=0)
+    input_per_mtok_usd: float = Field(0.14, ge=0, description="input tokens (cache misses)")
     output_per_mtok_usd: float = Field(0.21, ge=0)
+    input_cache_hit_per_mtok_usd: float | None = Field(
+        None, ge=0, description="input tokens served from the prefix cache (None: as a miss)"
+    )
 
 
 class Prices(FrozenModel):

@@ -53,16 +53,27 @@ def _cost(cl: Cluster, out_tok_s: float, in_tok_s: float) -> dict[str, Any]:
     usd_h += pools.storage.nodes * sc.prices.storage_node_hour_usd
     total_gpus = sum(gpus.values())
     rev = sc.prices.revenue
-    revenue_h = (
-        (in_tok_s * rev.input_per_mtok_usd + out_tok_s * rev.output_per_mtok_usd) * 3600 / 1e6
+    hit_price = (
+        rev.input_per_mtok_usd
+        if rev.input_cache_hit_per_mtok_usd is None
+        else rev.input_cache_hit_per_mtok_usd
     )
-    out_mtok_h = out_tok_s * 3600 / 1e6
+    hit_share = _cache(cl)["hit_rate_tokens"] or 0.0
+    per_h = 3600 / 1e6
+    earned = {  # USD per hour by the tokens that earned it
+        "input_cache_miss": in_tok_s * (1 - hit_share) * rev.input_per_mtok_usd * per_h,
+        "input_cache_hit": in_tok_s * hit_share * hit_price * per_h,
+        "output": out_tok_s * rev.output_per_mtok_usd * per_h,
+    }
+    revenue_h = sum(earned.values())
+    out_mtok_h = out_tok_s * per_h
     return {
         "gpus": {**gpus, "total": total_gpus},
         "storage_nodes": pools.storage.nodes,
         "usd_per_hour": usd_h,
         "usd_per_mtok_output": usd_h / out_mtok_h if out_mtok_h > 0 else None,
         "revenue_usd_per_hour": revenue_h,
+        "revenue_usd_per_hour_by_tokens": earned,
         "revenue_per_gpu_hour_usd": revenue_h / total_gpus if total_gpus else None,
     }
 
