@@ -78,6 +78,23 @@ class PrefillCoef(FrozenModel):
     e: float = Field(0.0, ge=0, description="per chunk per prefix token (independent of n)")
 
 
+def gemm_cost(tokens: np.ndarray, b: float, tile: int, steps: np.ndarray) -> np.ndarray:
+    """Decode GEMM cost of ``tokens`` query rows: ``steps[k-1]`` for k = ⌈tokens/tile⌉ row
+    tiles up to the table's length (0 for no rows), b·tile·k beyond it or without a table
+    (tile 1: b·tokens, not rounded). Array in, array out: the simulator's decode hot path calls
+    it once per step and layer kind with a table converted once."""
+    t = np.asarray(tokens, dtype=float)
+    if tile == 1:
+        return b * t
+    k = np.ceil(t / tile)
+    linear = b * tile * k
+    n = steps.size
+    if not n:
+        return linear
+    table = steps[np.clip(k, 1, n).astype(np.int64) - 1]
+    return np.where(k <= n, np.where(k < 1, 0.0, table), linear)
+
+
 class DecodeCoef(FrozenModel):
     a: float
     w: float = Field(ge=0)
@@ -110,15 +127,7 @@ class DecodeCoef(FrozenModel):
 
     def gemm_s(self, tokens: np.ndarray) -> np.ndarray:
         """The GEMM term's cost of ``tokens`` query rows (before the max with ``w``)."""
-        if self.tile == 1:
-            return self.b * np.asarray(tokens, dtype=float)
-        k = np.ceil(np.asarray(tokens, dtype=float) / self.tile)
-        linear = self.b * self.tile * k
-        if not self.steps:
-            return linear
-        n = len(self.steps)
-        table = np.asarray(self.steps)[np.clip(k, 1, n).astype(np.int64) - 1]
-        return np.where(k <= n, np.where(k < 1, 0.0, table), linear)
+        return gemm_cost(tokens, self.b, self.tile, np.asarray(self.steps, dtype=float))
 
     def seconds(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float | np.ndarray):
         """One layer's decode step: ``batch`` sequences of ``verify`` query tokens each over

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration.profile import HardwareCoefs
+from ..calibration.profile import HardwareCoefs, gemm_cost
 from ..errors import ConfigError
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
@@ -93,7 +93,7 @@ class ProfileStepCost(StepCost):
         self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], pre_host)
         replay_groups = [g for g in model.layer_groups if not g.in_prefill]
         self._rep = layer_sum(replay_groups, pre_host) if replay_groups else None
-        # decode: group layer counts by kind, then per kind (count, coefficients) for the max()
+        # decode: layer counts by kind, then per kind (count, w, b, τ, staircase) for the max()
         # term; the linear terms of all kinds fold into six sums
         counts: dict[str, int] = {}
         for g in model.layer_groups:
@@ -110,7 +110,7 @@ class ProfileStepCost(StepCost):
         self._dec_query = 0.0
         for kind, n in counts.items():
             c = coef_of(coefs.decode, kind, "decode")
-            self._dec.append((n, c))
+            self._dec.append((n, c.w, c.b, c.tile, np.asarray(c.steps, dtype=float)))
             self._dec_const += n * c.a
             self._dec_kv += n * c.c
             self._dec_seq += n * c.d
@@ -195,8 +195,8 @@ class ProfileStepCost(StepCost):
         if self._dec_ctx:
             mean_ctx = np.divide(kv_tokens, batch, out=np.zeros_like(t), where=batch > 0)
             t = t + self._dec_ctx * mean_ctx
-        for n, c in self._dec:
-            t = t + n * np.maximum(c.w, c.gemm_s(tokens))
+        for n, w, b, tile, steps in self._dec:
+            t = t + n * np.maximum(w, gemm_cost(tokens, b, tile, steps))
         return t
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
