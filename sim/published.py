@@ -33,11 +33,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..errors import ConfigError, UserError
-from ..models.registry import load_hardware, load_model
 from ..scenario import scenario_from_dict
 from ..validation import FrozenModel, read_yaml, validate
 from . import steady
-from .engine import make_step_cost
 
 Quantity = Literal[
     "prefill_tok_s_per_node",
@@ -122,16 +120,9 @@ def _prefill_input_rate(
 ) -> tuple[float, float]:
     """(input tokens/s per node counting cache hits, step seconds): each rank computes
     ``tokens`` new tokens as prompts whose first ``cached`` share is a cached prefix."""
-    pool = sc.pools.prefill
-    model, hw = load_model(sc.model), load_hardware(pool.hardware)
-    cost = make_step_cost(sc, "prefill", model, hw, pool.ep, pool.redundant_per_gpu)
     new = max(1, round(prompt * (1 - cached)))
-    prefix = round(prompt) - new
-    full, rest = divmod(int(tokens), new)
-    chunks = [(new, prefix)] * full + ([(rest, prefix)] if rest else [])
-    step = cost.prefill_step([chunks] * pool.ep, sc.policies.expert_imbalance.prefill)
-    computed = tokens / step * hw.gpus_per_node
-    return computed * prompt / new, step
+    p = steady.prefill_point(sc, int(tokens), new, round(prompt) - new)
+    return p.tokens_per_s_per_node * prompt / new, p.step_s
 
 
 def _with_tbo(sc: Any, on: bool) -> Any:

@@ -291,18 +291,20 @@ def decode_at_user_speed(
     return replace(best, user_tok_s=float(user_tok_s), meets_speed=meets)
 
 
-def prefill_chunks(tokens_per_gpu: int, prompt: int) -> list[Chunk]:
-    """One rank's chunks: whole prompts of ``prompt`` new tokens with no cached prefix; when
-    ``tokens_per_gpu`` is not a multiple of ``prompt``, the last is a partial prompt (prefix 0)."""
+def prefill_chunks(tokens_per_gpu: int, prompt: int, cached: int = 0) -> list[Chunk]:
+    """One rank's chunks: whole prompts of ``prompt`` new tokens, each after ``cached`` prefix
+    tokens found in the cache; when ``tokens_per_gpu`` is not a multiple of ``prompt``, the
+    last is a partial prompt (after the same prefix)."""
     whole, rest = divmod(tokens_per_gpu, prompt)
-    return [(prompt, 0)] * whole + ([(rest, 0)] if rest else [])
+    return [(prompt, cached)] * whole + ([(rest, cached)] if rest else [])
 
 
-def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int) -> SteadyPoint:
+def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 0) -> SteadyPoint:
     """Every DP rank of one prefill instance computes ``tokens_per_gpu`` new tokens per step as
-    whole ``prompt``-token prompts with no cached prefix (the remainder, if any, as one partial
-    prompt with prefix 0). Per-GPU throughput = tokens_per_gpu / step; per user = prompt / step,
-    the rate at which one prompt is computed (it finishes within the step)."""
+    whole prompts of ``prompt`` new tokens, each after ``cached`` tokens of cached prefix (0: no
+    cache hit; the remainder, if any, as one partial prompt). Per-GPU throughput =
+    tokens_per_gpu / step (computed tokens); per user = prompt / step, the rate at which one
+    prompt is computed (it finishes within the step)."""
     if tokens_per_gpu < 1:
         raise UserError(f"tokens_per_gpu must be ≥ 1, got {tokens_per_gpu}")
     if prompt < 1:
@@ -316,7 +318,8 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int) -> SteadyPoint
     check_prefill_fits(sc, model, hw)
     ep = cost.shape.ep
     imbalance = sc.policies.expert_imbalance.prefill
-    bd = cost.prefill_breakdown([prefill_chunks(tokens_per_gpu, prompt)] * ep, imbalance)
+    chunks = prefill_chunks(tokens_per_gpu, prompt, cached)
+    bd = cost.prefill_breakdown([chunks] * ep, imbalance)
     return SteadyPoint(
         pool="prefill",
         cost_model=name,
