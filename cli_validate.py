@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import user_errors, writable_file, write_text
+from .cli_common import console, user_errors, writable_file, write_text
 
 
 def _num(x: float) -> str:
@@ -62,9 +62,7 @@ def validate(
             f"{r.ratio:.2f}",
             "yes" if r.within else f"no (±{r.tolerance:.0%})",
         )
-    from rich.console import Console
-
-    con = Console(highlight=False, width=160)
+    con = console()
     con.print(t)
     n_ok = sum(r.within for r in results)
     con.print(f"{n_ok} of {len(results)} within tolerance")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.registry import load_model
+from ._util import rel_err
 
 MODELS = ("deepseek-v3", "deepseek-v4.1-flash")
 EXPERTS = (8, 32)
@@ -38,11 +39,6 @@ def shapes(models: tuple[str, ...] = MODELS) -> list[dict[str, Any]]:
                 for m in ROWS:
                     out.append({"model": name, "gemm": gemm, "experts": e, "m": m, "n": n, "k": k})
     return out
-
-
-def _rel_err(a: Any, b: Any) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def time_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +70,7 @@ def time_case(case: dict[str, Any]) -> dict[str, Any]:
         )
 
     deepgemm()
-    err_dg = _rel_err(d, ref)
+    err_dg = rel_err(d, ref)
     # the project's path: rows of all experts back to back, per-row / per-channel scales
     rows = a.reshape(e * m, k)
     ra = rows.float().abs().amax(-1).clamp_min(1e-12) / 448.0
@@ -88,7 +84,7 @@ def time_case(case: dict[str, Any]) -> dict[str, Any]:
             rq, wq.transpose(-2, -1), scale_a=ra, scale_b=wb, offs=offs, out_dtype=torch.bfloat16
         )
 
-    err_sg = _rel_err(scaled().reshape(e, m, n), ref)
+    err_sg = rel_err(scaled().reshape(e, m, n), ref)
     t_dg = do_bench(deepgemm, return_mode="median") * 1e-3
     t_sg = do_bench(scaled, return_mode="median") * 1e-3
     flops = 2.0 * e * m * n * k
