@@ -245,6 +245,20 @@ class Widths(FrozenModel):
     top_k: int
     attention: dict[str, int]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults_of_newer_fields(cls, data: Any) -> Any:
+        """Widths recorded before an attention field existed hold its default (so a profile
+        still matches the models it was measured for)."""
+        from ..models.spec import Attention
+
+        if isinstance(data, dict) and isinstance(data.get("attention"), dict):
+            defaults = {
+                k: f.default for k, f in Attention.model_fields.items() if not f.is_required()
+            }
+            data = {**data, "attention": {**defaults, **data["attention"]}}
+        return data
+
     @classmethod
     def of(cls, spec: ModelSpec) -> Widths:
         return cls(

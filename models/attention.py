@@ -16,7 +16,6 @@ import numpy as np
 from .spec import LayerGroup, ModelSpec, dtype_bytes
 
 ArrayLike = float | np.ndarray
-MLA_ROPE = 64  # the decoupled rope part of an MLA key (DeepSeek-V2/V3)
 
 
 def mla_qk_width(spec: ModelSpec) -> int:
@@ -24,15 +23,17 @@ def mla_qk_width(spec: ModelSpec) -> int:
 
 
 def mla_v_width(spec: ModelSpec) -> int:
-    return spec.attention.mla_value_head_dim or spec.attention.head_dim - MLA_ROPE
+    return (
+        spec.attention.mla_value_head_dim or spec.attention.head_dim - spec.attention.mla_rope_dim
+    )
 
 
 def mla_prefix_flops(spec: ModelSpec) -> float:
     """FLOPs per cached prefix token and MLA layer of the MHA-form prefill: the prefix's latents
     are up-projected to per-head keys (no-rope part) and values before attention."""
     a = spec.attention
-    latent = a.head_dim - MLA_ROPE
-    return 2.0 * latent * a.heads * (mla_qk_width(spec) - MLA_ROPE + mla_v_width(spec))
+    latent = a.head_dim - a.mla_rope_dim
+    return 2.0 * latent * a.heads * (mla_qk_width(spec) - a.mla_rope_dim + mla_v_width(spec))
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ def _flop_terms(spec: ModelSpec, g: LayerGroup, absorbed: bool = True) -> list[T
     terms: list[Term] = []
     if g.attention == "mla":
         if absorbed:  # QK over latent + rope, PV over the latent
-            width = float(a.head_dim + (a.head_dim - MLA_ROPE))
+            width = float(a.head_dim + (a.head_dim - a.mla_rope_dim))
         else:
             width = float(mla_qk_width(spec) + mla_v_width(spec))
         return [Term(g.count * 2.0 * a.heads * width, 1.0, np.inf)]

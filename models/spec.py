@@ -66,6 +66,9 @@ class Attention(FrozenModel):
     index_topk: int = Field(ge=0)
     mla_value_head_dim: int = Field(0, ge=0)
     mla_qk_head_dim: int = Field(0, ge=0)
+    mla_rope_dim: int = Field(
+        0, ge=0, description="MLA: the decoupled rope part of a key, cached next to the latent"
+    )
 
 
 class LayerGroup(FrozenModel):
@@ -193,7 +196,8 @@ class ModelSpec(FrozenModel):
         kv = h * a.head_dim
         if group.attention == "mla":
             # up-projections of the latent to per-head keys (nope part) and values
-            kv += (a.head_dim - 64) * a.heads * (a.mla_qk_head_dim - 64 + a.mla_value_head_dim)
+            rope = a.mla_rope_dim
+            kv += (a.head_dim - rope) * a.heads * (a.mla_qk_head_dim - rope + a.mla_value_head_dim)
             v_width = a.heads * a.mla_value_head_dim
         else:
             v_width = a.heads * a.head_dim
