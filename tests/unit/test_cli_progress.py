@@ -40,8 +40,13 @@ def test_ctrl_c_exits_130() -> None:
 
 
 @pytest.mark.parametrize("flag", ["--progress", "--no-progress"])
-def test_run_accepts_the_progress_switch(flag: str, tmp_path) -> None:
-    from deepinfer_sim.cli import main
+def test_run_reports_progress_only_when_asked(flag: str, tmp_path, monkeypatch) -> None:
+    """Off a terminal, --progress prints plain progress lines (here due at once), and
+    --no-progress prints none."""
+    import deepinfer_sim.cli as cli
 
-    res = CliRunner().invoke(main, ["run", "--help"])
-    assert flag in res.output
+    monkeypatch.setattr(cli, "Progress", lambda enabled: Progress(enabled, every_s=0.0))
+    args = ["run", "default", "--set", "workload.max_requests=20", "--no-plots", flag]
+    res = CliRunner().invoke(cli.main, [*args, "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert ("progress: " in res.output) == (flag == "--progress")
