@@ -1,0 +1,151 @@
+"""Step by step: how far the engine core's measured replay steps are from the step model.
+
+A replay's TTFT/TPOT error mixes queueing with step cost. The replay also records every engine
+step (``replay_<trace>_<phase>_steps.csv``: start, end, sequences, tokens, KV tokens), so each
+step can be set against the StepCost of the same profile the simulator uses — the residual of
+the step model alone, binned by what the step held.
+
+- **decode**: the batch is rebuilt from the request list (decode-only replays admit first come,
+  first served up to the batch limit, and a request leaves after ``output_len − 1`` steps), which
+  tells steps whose sequences all have one context length ("uniform", as the calibration grid
+  times them) from mixed ones. The rebuild is checked against the recorded batch sizes.
+- **prefill**: steps of one prompt (no prefix in these replays), the only ones whose chunks the
+  step file pins down exactly.
+
+``python -m deepinfer_sim.calibration.step_residuals FOLDER [--json FILE]`` prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .profile import load_profile
+from .validate import ReplayShape, validation_cost
+
+DECODE_BINS = (0, 1, 2, 4, 8, 16, 32, 64)
+PREFILL_BINS = (0, 256, 1024, 2048, 4096, 8192, 16384)
+
+
+def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = table.reset_index()
+    rows["bin"] = rows["bin"].astype(str)
+    return [{str(k): v for k, v in r.items()} for r in rows.to_dict(orient="records")]
+
+
+def decode_batches(requests: pd.DataFrame, steps: pd.DataFrame, max_batch: int) -> pd.DataFrame:
+    """Per recorded decode step: rebuilt batch size, summed and largest context."""
+    arrival = requests["arrival_s"].to_numpy(float)
+    prompt = requests["prompt_len"].to_numpy(np.int64)
+    need = np.maximum(requests["output_len"].to_numpy(np.int64) - 1, 1)
+    t0 = float(steps["start_s"].iloc[0])
+    done = np.zeros(len(arrival), dtype=np.int64)
+    active: list[int] = []
+    nxt = 0
+    rows = []
+    for start in steps["start_s"].to_numpy(float):
+        while nxt < len(arrival) and arrival[nxt] <= start - t0 + 1e-9 and len(active) < max_batch:
+            active.append(nxt)
+            nxt += 1
+        ctx = prompt[active] + done[active]
+        rows.append((len(active), int(ctx.sum()), int(ctx.max()) if active else 0))
+        done[active] += 1
+        active = [k for k in active if done[k] < need[k]]
+    return pd.DataFrame(rows, columns=["batch", "kv_sum", "kv_max"], index=steps.index)
+
+
+def decode_residuals(
+    requests: pd.DataFrame, steps: pd.DataFrame, cost: Any, max_batch: int
+) -> dict[str, Any]:
+    rebuilt = decode_batches(requests, steps, max_batch)
+    s = steps.assign(
+        measured_s=steps["end_s"] - steps["start_s"],
+        predicted_s=[
+            cost.decode_step(np.array([b]), np.array([k]), 1.0)
+            for b, k in zip(steps["decode_seqs"], steps["decode_kv_tokens"], strict=True)
+        ],
+        uniform=rebuilt["kv_max"] * rebuilt["batch"] == rebuilt["kv_sum"],
+    )
+    s["ratio"] = s["measured_s"] / s["predicted_s"]
+    s["bin"] = pd.cut(s["decode_seqs"], DECODE_BINS)
+    table = s.groupby(["bin", "uniform"], observed=True).agg(
+        steps=("ratio", "size"),
+        ratio_p50=("ratio", "median"),
+        measured_p50_s=("measured_s", "median"),
+    )
+    return {
+        "steps": len(s),
+        "rebuilt_batch_matches": int((rebuilt["batch"] == steps["decode_seqs"]).sum()),
+        "ratio_p50_uniform": float(s.loc[s["uniform"], "ratio"].median()),
+        "ratio_p50_mixed": float(s.loc[~s["uniform"], "ratio"].median()),
+        "by_batch": _records(table),
+    }
+
+
+def prefill_residuals(steps: pd.DataFrame, cost: Any) -> dict[str, Any]:
+    one = steps[steps["prefill_seqs"] == 1]
+    s = one.assign(
+        measured_s=one["end_s"] - one["start_s"],
+        predicted_s=[cost.prefill_step([[(int(n), 0)]]) for n in one["prefill_tokens"]],
+    )
+    s["ratio"] = s["measured_s"] / s["predicted_s"]
+    s["bin"] = pd.cut(s["prefill_tokens"], PREFILL_BINS)
+    table = s.groupby("bin", observed=True).agg(
+        steps=("ratio", "size"),
+        ratio_p50=("ratio", "median"),
+        measured_p50_s=("measured_s", "median"),
+    )
+    return {
+        "steps": len(steps),
+        "one_prompt_steps": len(s),
+        "ratio_p50": float(s["ratio"].median()),
+        "by_tokens": _records(table),
+    }
+
+
+def residuals(folder: Path, profile_name: str | None = None) -> dict[str, Any]:
+    """Step residuals of every replay stored in ``folder`` (with its ``replay_report.json``)."""
+    report = json.loads((folder / "replay_report.json").read_text())
+    shape = ReplayShape(**report["shape"])
+    cost = validation_cost(load_profile(profile_name or report["profile"]), shape)
+    out: dict[str, Any] = {}
+    for trace, phases in report["traces"].items():
+        for phase in phases:
+            steps_file = folder / f"replay_{trace}_{phase}_steps.csv"
+            if not steps_file.exists():
+                continue
+            steps = pd.read_csv(steps_file)
+            if phase == "decode":
+                reqs = pd.read_csv(folder / f"replay_{trace}_{phase}.csv")
+                res = decode_residuals(reqs, steps, cost, shape.max_decode_batch)
+            else:
+                res = prefill_residuals(steps, cost)
+            out.setdefault(trace, {})[phase] = res
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument(
+        "--profile", default=None, help="profile to predict with (default: the report's own)"
+    )
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    res = residuals(a.folder, a.profile)
+    for trace, phases in res.items():
+        for phase, r in phases.items():
+            rows = pd.DataFrame(r.get("by_batch") or r["by_tokens"])
+            print(f"\n{trace} {phase}: measured / predicted step time")
+            print(rows.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
