@@ -43,6 +43,14 @@ from .kernels.backend import BACKEND_NAMES
 @click.option("--name", default=None, help="Profile name (default: <hardware>-<kernels>).")
 @click.option("--no-vision", is_flag=True, help="Skip timing the vision encoder.")
 @click.option("--no-engine", is_flag=True, help="Skip timing engine-core steps.")
+@click.option(
+    "--decode-spread",
+    type=click.FloatRange(0.0, 0.95),
+    default=0.0,
+    show_default=True,
+    help="Time decode batches with context lengths spread over context·(1 ± S), same total "
+    "(serving batches mix lengths; 0 = every sequence at one length).",
+)
 def calibrate(
     models: tuple[str, ...],
     kernels: str,
@@ -54,6 +62,7 @@ def calibrate(
     name: str | None,
     no_vision: bool,
     no_engine: bool,
+    decode_spread: float,
 ) -> None:
     """Time one layer of each kind of MODEL with a kernel backend, fit, write a profile YAML.
 
@@ -76,6 +85,7 @@ def calibrate(
         kernels=kernels,
         vision=not no_vision,
         engine=not no_engine,
+        decode_spread=decode_spread,
     )
 
 

@@ -9,7 +9,9 @@
 #
 # Stages: check (deepseek_check + DeepGEMM probe), table (kernel table), deepgemm (DeepGEMM's
 # masked grouped MoE GEMM against torch._scaled_grouped_mm), v41 / v3 / v4flash /
-# v4pro (calibrate --kernels deepseek --quick for that model), reference (calibrate V4.1-Flash
+# v4pro (calibrate --kernels deepseek --quick for that model), v41mixed (V4.1-Flash with decode
+# batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
+# (calibration/mixed_contexts.py: uniform vs mixed lengths), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or the shipped h200-deepseek profile).
 #
@@ -62,6 +64,9 @@ for stage in "$@"; do
     table) run 150 table $P.calibration.kernel_table --out "$OUT/table.json" ;;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --out "$OUT/v41.yaml" ;;
+    v41mixed) run 330 v41mixed $CAL --model deepseek-v4.1-flash \
+        --decode-spread "${DECODE_SPREAD:-0.5}" --out "$OUT/v41.yaml" ;;
+    mixed) run 200 mixed $P.calibration.mixed_contexts --out "$OUT/mixed.json" ;;
     v3) run 300 v3 $CAL --model deepseek-v3 --no-vision --out "$OUT/v3.yaml" ;;
     v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision --out "$OUT/v4flash.yaml" ;;
     v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision --out "$OUT/v4pro.yaml" ;;

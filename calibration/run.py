@@ -31,10 +31,12 @@ def run_calibration(
     vision: bool = True,
     engine: bool = True,
     log: Callable[[str], None] | None = None,
+    decode_spread: float = 0.0,
 ) -> Profile:
     """Calibrate ``models`` on ``device`` with the ``kernels`` backend over ``grid`` (``full``,
     ``quick``, ``tiny`` or a Grid); write the (merged) profile to ``out`` and return it.
-    ``vision=False`` / ``engine=False`` skip the vision encoder / engine-core step timing."""
+    ``vision=False`` / ``engine=False`` skip the vision encoder / engine-core step timing;
+    ``decode_spread`` times decode batches of mixed context lengths (``Grid.decode_spread``)."""
     try:
         import torch
     except ImportError:
@@ -49,6 +51,8 @@ def run_calibration(
         g = dataclasses.replace(g, vision=False)
     if not engine:
         g = dataclasses.replace(g, engine_decode=(), engine_prefill=())
+    if decode_spread:
+        g = dataclasses.replace(g, decode_spread=decode_spread)
     t0 = time.perf_counter()
     command = "deepinfer-sim calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     profiles: list[Profile] = []

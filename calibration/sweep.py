@@ -80,7 +80,9 @@ class Bench(Protocol):
     def engine_graphs(self) -> bool: ...  # the engine core's decode steps are CUDA graphs
 
     def prefill(self, kind: str, n: int, p: int) -> float: ...
-    def decode(self, kind: str, batch: int, context: int, verify: int) -> float: ...
+    def decode(
+        self, kind: str, batch: int, context: int, verify: int, spread: float = 0.0
+    ) -> float: ...
     def moe(self, local_experts: int, tokens: int) -> float: ...
     def a2a_table(self) -> list[tuple[float, float]]: ...  # (bytes to a peer, s); [] on one GPU
     def copy_bandwidth(self) -> float: ...  # bytes/s, read + write counted
@@ -88,10 +90,14 @@ class Bench(Protocol):
     def warmup(self) -> None: ...  # bring clocks up before timing
 
     def engine_steps(
-        self, decode: Sequence[tuple[int, int]], prefill: Sequence[tuple[int, int]]
+        self,
+        decode: Sequence[tuple[int, int]],
+        prefill: Sequence[tuple[int, int]],
+        spread: float = 0.0,
     ) -> list[EngineRow]:
-        """Timed engine-core steps of ``engine_stack(spec)``: decode (sequences, context) with one
-        token each, prefill (sequences, prompt tokens) from an empty cache."""
+        """Timed engine-core steps of ``engine_stack(spec)``: decode (sequences, mean context,
+        lengths spread by ``spread``) with one token each, prefill (sequences, prompt tokens)
+        from an empty cache."""
         ...
 
 
@@ -110,6 +116,8 @@ class Grid:
     moe_e: tuple[int, ...] = (8, 24, 48, 100)
     moe_tokens: tuple[int, ...] = (16, 64, 256, 1024, 4096, 16384)
     max_decode_tokens: int = 4_000_000  # cap B × context (memory of the timed cache)
+    # decode batches' context lengths spread over context · (1 ± spread), same total (0: uniform)
+    decode_spread: float = 0.0
     # off-grid validation shapes: (n, p), (B, context, v), (E, T)
     off_prefill: tuple[tuple[int, int], ...] = tuple(
         (n, p) for n in (768, 3000, 12000, 24000) for p in (2000, 50000, 180000, 400000)
@@ -302,7 +310,7 @@ def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Mea
             return bench.prefill(k, n, p)
 
         def dec(b: int, c: int, v: int, k: str = kind) -> float:
-            return bench.decode(k, b, c, v)
+            return bench.decode(k, b, c, v, grid.decode_spread)
 
         log(f"prefill {kind}")
         m.prefill[kind] = _each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
@@ -322,7 +330,9 @@ def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Mea
         m.vision = bench.vision()
     if grid.engine_decode or grid.engine_prefill:
         log("engine steps")
-        m.engine = bench.engine_steps(grid.engine_decode, grid.engine_prefill)
+        m.engine = bench.engine_steps(
+            grid.engine_decode, grid.engine_prefill, spread=grid.decode_spread
+        )
     m.seconds = time.perf_counter() - t0
     return m
 

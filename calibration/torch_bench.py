@@ -233,8 +233,13 @@ class TorchBench:
 
         return self._measure("prefill", lambda: block.prefill(x, pool, seq), reset)
 
-    def decode(self, kind: str, batch: int, context: int, verify: int) -> float:
+    def decode(
+        self, kind: str, batch: int, context: int, verify: int, spread: float = 0.0
+    ) -> float:
+        """One layer's decode of ``batch`` sequences of mean context ``context`` (``spread``: their
+        lengths spread evenly over context · (1 ± spread), see ``spread_contexts``)."""
         block = self._block(kind)
+        lengths = spread_contexts(batch, context, spread)
         if kind not in self._decode_pools:
             _, _, max_batch, max_context = self.limits
             self._decode_pools[kind] = block.new_pool(max_batch, max_context + 8)
@@ -248,10 +253,10 @@ class TorchBench:
 
         def reset() -> None:
             for s in range(batch):
-                if pool.length(s) < context:
-                    pool.fill_random(s, context)
+                if pool.length(s) < lengths[s]:
+                    pool.fill_random(s, int(lengths[s]))
                 else:
-                    pool.truncate(s, context)
+                    pool.truncate(s, int(lengths[s]))
 
         holder: dict[str, Any] = {}
 
@@ -353,7 +358,11 @@ class TorchBench:
         return self._time(lambda: enc.encode(images)) / images
 
     def engine_steps(
-        self, decode: Sequence[tuple[int, int]], prefill: Sequence[tuple[int, int]]
+        self,
+        decode: Sequence[tuple[int, int]],
+        prefill: Sequence[tuple[int, int]],
+        spread: float = 0.0,
+        with_loop_gaps: bool = True,
     ) -> list[tuple[str, int, int, int, float]]:
         """Wall time of whole engine-core steps of the model's reduced stack
         (``sweep.engine_stack``: one layer per layer group, at most 48 experts) on this backend,
@@ -373,7 +382,7 @@ class TorchBench:
             device=self.device,
             fp8=self.fp8,
             max_seqs=max((b for b, _ in (*decode, *prefill)), default=1) + 8,
-            max_tokens=max((x for _, x in (*decode, *prefill)), default=1) + 16,
+            max_tokens=int(max((x for _, x in (*decode, *prefill)), default=1) * (1 + spread)) + 16,
             prefill_token_budget=budget,
             max_decode_batch=max((b for b, _ in decode), default=1),
             mode="mixed",
@@ -404,8 +413,8 @@ class TorchBench:
             slots = [eng.alloc_slot() for _ in range(b)]
 
             def reset_dec(slots: list[int] = slots, ctx: int = ctx) -> None:
-                for s in slots:
-                    eng.fill(s, ctx)
+                for s, n in zip(slots, spread_contexts(len(slots), ctx, spread), strict=True):
+                    eng.fill(s, int(n))
 
             def run_dec(slots: list[int] = slots) -> None:
                 eng.execute([], slots, 1)
@@ -415,13 +424,25 @@ class TorchBench:
                 eng.free_slot(s)
         for b, n in prefill:
             rows.append(("prefill", b, n, 0, replayed_prefill_step(eng, b, n, self.repeats)))
-        return rows + loop_gaps(eng, decode, prefill)
+        return rows + loop_gaps(eng, decode, prefill) if with_loop_gaps else rows
 
     def a2a_table(self) -> list[tuple[float, float]]:
         """(bytes each of two GPUs sends the other, seconds) over NCCL; [] with one GPU."""
         if not self.cuda or self.torch.cuda.device_count() < 2:
             return []
         return run_a2a_bench()
+
+
+def spread_contexts(batch: int, mean: int, spread: float) -> np.ndarray:
+    """``batch`` context lengths spread evenly over mean · (1 − spread … 1 + spread), summing to
+    batch · mean (0: every sequence at ``mean``, as the calibration grid times decode)."""
+    if not 0.0 <= spread < 1.0:
+        raise ValueError(f"spread must be in [0, 1), got {spread}")
+    if batch <= 1 or spread == 0.0:
+        return np.full(batch, mean, dtype=np.int64)
+    lengths = np.rint(mean * (1.0 + spread * np.linspace(-1.0, 1.0, batch))).astype(np.int64)
+    lengths[-1] += batch * mean - int(lengths.sum())
+    return np.maximum(lengths, 1)
 
 
 def replayed_prefill_step(eng: Any, prompts: int, tokens: int, repeats: int) -> float:

@@ -492,7 +492,7 @@ class SyntheticBench:
         c = 3e-14 if kind == "csa" else 1e-14
         return self._noise(1e-4 + 2e-8 * n + c * n * p + 1e-13 * n * n + 1e-10 * p)
 
-    def decode(self, kind: str, batch: int, context: int, verify: int) -> float:
+    def decode(self, kind: str, batch: int, context: int, verify: int, spread=0.0) -> float:
         X = np.array([[batch, batch * verify, batch * context]], dtype=float)
         return self._noise(float(decode_model(DECODE_TRUTH, X, 64)[0]))
 
@@ -509,7 +509,7 @@ class SyntheticBench:
     def vision(self) -> float | None:
         return 0.02
 
-    def engine_steps(self, decode, prefill) -> list[tuple[str, int, int, int, float]]:
+    def engine_steps(self, decode, prefill, spread=0.0) -> list[tuple[str, int, int, int, float]]:
         return []
 
 

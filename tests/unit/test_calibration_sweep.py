@@ -215,3 +215,49 @@ def test_replay_writes_what_the_cpu_recheck_reads(calibrated, tmp_path):
         assert got["simulated_p50_s"] == pytest.approx(run["simulated_p50_s"])
         assert got["abs_rel_err_p90"] == pytest.approx(run["abs_rel_err_p90"])
     assert (tmp_path / "replay_report.json").is_file()
+
+
+def test_spread_contexts_keep_the_total_and_the_span():
+    from deepinfer_sim.calibration.torch_bench import spread_contexts
+
+    assert spread_contexts(4, 100, 0.0).tolist() == [100] * 4
+    lengths = spread_contexts(5, 1000, 0.5)
+    assert lengths.sum() == 5000 and lengths.min() == 500 and lengths.max() == 1500
+    assert spread_contexts(1, 7, 0.9).tolist() == [7]
+    with pytest.raises(ValueError, match="spread"):
+        spread_contexts(4, 100, 1.0)
+
+
+def test_mixed_context_diagnostic_runs_on_the_cpu():
+    from deepinfer_sim.calibration import mixed_contexts, torch_bench
+
+    bench = torch_bench.TorchBench("cpu", TOY, "h200", repeats=1, max_context=512, max_batch=8)
+    res = mixed_contexts.measure(bench, [(4, 256)], [(4, 256)], (0.0, 0.5))
+    assert {r["kind"] for r in res["layers"]} == set(bench.kinds)
+    assert [r["spread"] for r in res["engine"]] == [0.0, 0.5]
+    assert all(r["vs_uniform"] == 1.0 for r in res["layers"] + res["engine"] if r["spread"] == 0)
+    assert all(r["seconds"] > 0 for r in res["layers"] + res["engine"])
+
+
+def test_decode_spread_reaches_every_decode_timing(monkeypatch, tmp_path):
+    from deepinfer_sim.calibration import torch_bench
+
+    seen: list[float] = []
+    real_decode = torch_bench.TorchBench.decode
+    real_engine = torch_bench.TorchBench.engine_steps
+
+    def decode(self, kind, batch, context, verify, spread=0.0):
+        seen.append(spread)
+        return real_decode(self, kind, batch, context, verify, spread)
+
+    def engine_steps(self, decode, prefill, spread=0.0, with_loop_gaps=True):
+        seen.append(spread)
+        return real_engine(self, decode, prefill, spread, with_loop_gaps)
+
+    monkeypatch.setattr(torch_bench.TorchBench, "decode", decode)
+    monkeypatch.setattr(torch_bench.TorchBench, "engine_steps", engine_steps)
+    args = ["calibrate", "--device", "cpu", "--model", TOY, "--kernels", "reference"]
+    args += ["--hardware", "h200", "--grid", "tiny", "--no-vision", "--decode-spread", "0.5"]
+    res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "p.yaml")])
+    assert res.exit_code == 0, res.output
+    assert seen and set(seen) == {0.5}
