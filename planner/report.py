@@ -148,7 +148,8 @@ thead th{background:#f5f5f7}
 td.better{color:#137333;font-weight:600}td.worse{color:#b3261e;font-weight:600}
 td.same,td.na{color:#777}
 td.ok{color:#137333}td.miss{color:#b3261e;font-weight:600}
-.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:.8rem}
+.grid>.tall{grid-row:span 2}
+.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(400px,1fr));gap:.8rem}
 figure{margin:0}figure img{width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.8rem;color:#555}
 details{margin:.4rem 0}pre{background:#f5f5f7;padding:.6rem;overflow:auto;font-size:.75rem;
@@ -278,9 +279,15 @@ def _detail_tables(runs: list[RunData], colour: list[bool]) -> str:
     sections: dict[str, list[Metric]] = {}
     for m in DETAIL_METRICS:
         sections.setdefault(m[0], []).append(m)
-    tables = [_metric_table(runs, rows, colour, sec) for sec, rows in sections.items()]
+    cells = []
+    for sec, rows in sections.items():
+        table = _metric_table(runs, rows, colour, sec)
+        if table:  # the long latency table beside two short ones, not above a gap
+            cells.append(
+                f'<div class="tall">{table}</div>' if sec == "Latency" else f"<div>{table}</div>"
+            )
     wide = " wide" if len(runs) > 1 else ""
-    return f'<div class="grid{wide}">' + "".join(f"<div>{t}</div>" for t in tables if t) + "</div>"
+    return f'<div class="grid{wide}">' + "".join(cells) + "</div>"
 
 
 def _runs_table(runs: list[RunData]) -> str:

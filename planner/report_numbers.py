@@ -23,6 +23,7 @@ from typing import Any
 Metric = tuple[str, str, tuple[str, ...], str, int]
 
 OFFERED_TOLERANCE = 0.01  # relative: offered loads this close count as equal
+NEGLIGIBLE = 0.001  # relative: a smaller change is not coloured (it reads +0.0 %)
 
 
 def _latency_rows() -> list[Metric]:
@@ -197,7 +198,8 @@ def same_offered_load(
 
 def delta(a: Any, b: Any, kind: str, better: int, colour: bool = True) -> tuple[str, str]:
     """(text, css class) of ``b`` against the reference ``a``; the class is ``better`` or
-    ``worse`` only when ``colour`` (equal offered load) and the metric has a direction."""
+    ``worse`` only when ``colour`` (equal offered load), the metric has a direction and the
+    change is not negligible."""
     if kind == "id" or not (is_num(a) and is_num(b)):
         return "–", "na"
     d = b - a
@@ -208,7 +210,11 @@ def delta(a: Any, b: Any, kind: str, better: int, colour: bool = True) -> tuple[
     else:
         absolute = ("+" if d > 0 else "−") + fmt(abs(d), kind)
     rel = f" ({d / abs(a) * 100:+.1f} %)" if a != 0 else ""
-    cls = "same" if better == 0 or not colour else ("better" if d * better > 0 else "worse")
+    negligible = a != 0 and abs(d / a) < NEGLIGIBLE
+    if better == 0 or not colour or negligible:
+        cls = "same"
+    else:
+        cls = "better" if d * better > 0 else "worse"
     return absolute + rel, cls
 
 

@@ -239,6 +239,7 @@ def test_same_offered_load_decides_whether_changes_are_coloured():
     assert delta(10.0, 12.0, "num", +1, colour=True)[1] == "better"
     assert delta(10.0, 12.0, "num", -1, colour=True)[1] == "worse"
     assert delta(10.0, 12.0, "num", +1, colour=False) == ("+2 (+20.0 %)", "same")
+    assert delta(100.0, 100.05, "num", +1, colour=True)[1] == "same"  # +0.05 %: noise
 
 
 def test_small_percentages_keep_two_significant_figures():
