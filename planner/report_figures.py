@@ -4,12 +4,11 @@ Latency CDFs put each run's SLO on the axis as a dashed line and the p99 level a
 so a reader sees at once whether the p99 falls left of the limit; the x axis is log-scaled with
 1-2-5 ticks labelled in ms or s when the values span a decade or more, linear otherwise.
 
-Time series are downsampled before they are drawn: a run samples every
-``sim.timeseries_interval_s``, so a long run has tens of thousands of rows, which a 450-pixel
-panel can only show as a band of noise. Consecutive samples are grouped into at most
-``MAX_POINTS`` bins; each bin is drawn as its mean (line) and its min-max range (band). A bin with
-no finite sample (the prefix hit rate while nothing was looked up) stays NaN, so the line has a
-gap there instead of a fake zero. Legends name at most the runs and the panel's columns.
+Time series are downsampled before they are drawn (``sim/downsample.py``): a long run has tens
+of thousands of rows, which a 450-pixel panel can only show as a band of noise. Each panel draws
+the mean of each bin (line) and its min-max range (band); a bin with no finite sample (the prefix
+hit rate while nothing was looked up) stays NaN, so the line has a gap there, not a fake zero.
+Legends name at most the runs and the panel's columns.
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 
+from ..sim.downsample import MAX_POINTS, downsample
 from .report_numbers import seconds
 
 if TYPE_CHECKING:
     from .report import RunData
 
-MAX_POINTS = 200
 FULL_SCALE_FROM = 0.2  # a fraction panel whose values reach this is drawn from 0 to 100 %
 MAX_CLASSES = 4  # traffic classes drawn apart in a one-run CDF; more: only "all"
 
@@ -108,35 +107,6 @@ def png(fig: Any) -> str:
 
 
 # ---- time series --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Binned:
-    t: np.ndarray
-    mean: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    per_bin: int  # samples per bin (1: not downsampled)
-
-
-def downsample(t: Any, y: Any, max_points: int = MAX_POINTS) -> Binned:
-    """At most ``max_points`` bins of consecutive samples: the mean time, and the mean, min and
-    max of ``y`` over the finite samples of each bin (NaN where a bin has none)."""
-    tt = np.asarray(t, dtype=float)
-    yy = np.asarray(y, dtype=float)
-    per_bin = max(1, -(-tt.size // max_points))
-    if per_bin == 1:
-        return Binned(tt, yy, yy, yy, 1)
-    frame = pd.DataFrame({"t": tt, "y": yy, "bin": np.arange(tt.size) // per_bin})
-    groups = frame.groupby("bin", sort=True)
-    stats = groups["y"].agg(["mean", "min", "max"])  # pandas skips NaN; all-NaN bins give NaN
-    return Binned(
-        groups["t"].mean().to_numpy(),
-        stats["mean"].to_numpy(),
-        stats["min"].to_numpy(),
-        stats["max"].to_numpy(),
-        per_bin,
-    )
 
 
 def with_derived_columns(ts: pd.DataFrame, summary: dict[str, Any]) -> pd.DataFrame:
