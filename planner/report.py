@@ -130,7 +130,7 @@ max-width:1500px;padding:1rem 2rem;color:#1d1d1f;background:#fff;line-height:1.4
 h1{font-size:1.45rem;margin:.2rem 0}h2{font-size:1.15rem;margin:1.8rem 0 .6rem;
 border-bottom:1px solid #ddd;padding-bottom:.2rem}h3{font-size:1rem;margin:0 0 .4rem}
 .meta{color:#666;font-size:.85rem;margin:.3rem 0}
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(26rem,1fr));gap:1rem}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(34rem,1fr));gap:1rem}
 .card{border:1px solid #ddd;border-left:6px solid #888;border-radius:6px;padding:.8rem 1rem}
 .card.meets{border-left-color:#137333}.card.misses{border-left-color:#b3261e}
 .verdict{font-size:1.15rem;font-weight:600;margin:.1rem 0 .5rem}
@@ -138,7 +138,7 @@ border-bottom:1px solid #ddd;padding-bottom:.2rem}h3{font-size:1rem;margin:0 0 .
 .card p{margin:.35rem 0;font-size:.92rem}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(22rem,1fr));gap:.4rem 1.5rem;
 align-items:start}
-.narrow{max-width:56rem}
+.narrow{max-width:56rem}.narrow table{width:auto;min-width:28rem}
 .grid.wide{grid-template-columns:repeat(auto-fill,minmax(34rem,1fr))}
 table{border-collapse:collapse;font-size:.85rem;margin:.3rem 0;width:100%}
 caption{text-align:left;font-weight:600;padding:.3rem 0}
