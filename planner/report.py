@@ -4,20 +4,19 @@ The page needs nothing but a browser: styles are inline, figures are PNGs embedd
 ``data:image/png;base64`` (matplotlib, Agg backend), and it references no URL, so it can be
 mailed, attached to a ticket or opened offline.
 
-For each run it shows the summary in vLLM-bench vocabulary (requests; TTFT/TPOT/ITL/E2E mean,
-p50, p90, p99; throughput, goodput, utilization; cost per hour, per million output tokens and
-revenue per GPU-hour; prefix-cache hit rate; expert imbalance; storage when the run had a KV
-store), latency CDFs from ``requests.parquet`` and time series from ``timeseries.parquet``
-(panels whose columns the run lacks are left out). With two runs or more the summary has one
-column per run and, for each run after the first, its change against the first run, absolute and
-in percent, coloured when the change is better or worse.
+It reads top-down, the way the question is asked. First a headline per run: does the deployment
+meet its SLOs at the load it was offered, which pool binds and how much headroom that leaves
+(``report_numbers.py`` says how each is decided). Then cost: GPUs, $ per hour and per million
+output tokens, revenue. Then the detail: the summary in vLLM-bench vocabulary as a grid of small
+tables, latency CDFs with the SLOs drawn on them, and downsampled time series
+(``report_figures.py``); last the run folders and their resolved configurations. With two runs or
+more every table has one column per run and, for each run after the first, its change against the
+first, coloured better or worse only when the two were offered the same load.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 import os
 from collections.abc import Sequence
@@ -26,87 +25,28 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
+import yaml
 
 from ..errors import UserError
-
-# (section, label, key path in summary.json, unit kind, direction: +1 higher is better,
-#  -1 lower is better, 0 neither)
-Metric = tuple[str, str, tuple[str, ...], str, int]
-
-
-def _latency_rows() -> list[Metric]:
-    rows: list[Metric] = []
-    for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
-        for stat in ("mean", "p50", "p90", "p99"):
-            rows.append(("Latency", f"{name} {stat}", ("latency", key, stat), "ms", -1))
-    return rows
-
-
-METRICS: list[Metric] = [
-    ("Requests", "arrived", ("requests", "arrived"), "int", 0),
-    ("Requests", "completed", ("requests", "completed"), "int", +1),
-    ("Requests", "rejected", ("requests", "rejected"), "int", -1),
-    ("Requests", "in flight at end", ("requests", "in_flight"), "int", -1),
-    *_latency_rows(),
-    ("Throughput", "requests / s", ("throughput", "request_per_s"), "num", +1),
-    ("Throughput", "input tok / s", ("throughput", "input_tok_per_s"), "num", +1),
-    ("Throughput", "output tok / s", ("throughput", "output_tok_per_s"), "num", +1),
-    ("Throughput", "output tok / s / GPU", ("throughput", "output_tok_per_s_per_gpu"), "num", +1),
-    ("Throughput", "makespan (s)", ("throughput", "duration_s"), "num", 0),
-    ("Goodput", "requests / s within SLOs", ("goodput", "request_per_s"), "num", +1),
-    ("Goodput", "share of completed within SLOs", ("goodput", "fraction_of_completed"), "pct", +1),
-    ("Utilization", "prefill", ("utilization", "prefill"), "pct", 0),
-    ("Utilization", "decode", ("utilization", "decode"), "pct", 0),
-    ("Utilization", "vision", ("utilization", "vision"), "pct", 0),
-    ("Cost", "GPUs", ("cost", "gpus", "total"), "int", 0),
-    ("Cost", "$ / hour", ("cost", "usd_per_hour"), "usd", -1),
-    ("Cost", "$ / M output tokens", ("cost", "usd_per_mtok_output"), "usd", -1),
-    ("Cost", "revenue $ / GPU-hour", ("cost", "revenue_per_gpu_hour_usd"), "usd", +1),
-    ("Prefix cache", "token hit rate", ("cache", "hit_rate_tokens"), "pct", +1),
-    ("Expert balance", "prefill imbalance (mean)", ("eplb", "prefill_imbalance_mean"), "x", -1),
-    ("Expert balance", "decode imbalance (mean)", ("eplb", "decode_imbalance_mean"), "x", -1),
-    ("KV storage", "nodes", ("storage", "nodes"), "int", 0),
-    ("KV storage", "logical capacity (TB)", ("storage", "logical_tb"), "num", 0),
-    ("KV storage", "used (end)", ("storage", "used_fraction"), "pct", 0),
-    ("KV storage", "used (peak)", ("storage", "used_fraction_peak"), "pct", 0),
-    ("KV storage", "peak read GB/s", ("storage", "read_gbps_peak"), "num", 0),
-    ("KV storage", "read latency p99", ("storage", "read_latency_s", "p99"), "ms", -1),
-    ("KV storage", "lost blocks", ("storage", "lost_blocks"), "int", -1),
-    ("Simulation", "seed", ("sim", "seed"), "id", 0),
-    ("Simulation", "simulated s", ("sim", "simulated_s"), "num", 0),
-    ("Simulation", "events", ("sim", "events"), "int", 0),
-    ("Simulation", "wall s", ("sim", "wall_s"), "num", -1),
-]
-
-# (panel title, y label, columns); a column a run lacks is skipped, a panel with none is dropped
-PANELS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("Output tokens", "tokens / s", ("output_tok_per_s",)),
-    ("Prefill tokens", "tokens / s", ("prefill_tok_per_s",)),
-    (
-        "Requests by stage",
-        "requests",
-        (
-            "vision_queue",
-            "prefill_queue",
-            "transfers_in_flight",
-            "decode_waiting",
-            "decode_running",
-        ),
-    ),
-    (
-        "Utilization",
-        "fraction",
-        ("vision_util", "prefill_util", "decode_util", "decode_kv_reserved_frac"),
-    ),
-    ("Prefix hit rate", "fraction of prompt tokens", ("prefix_hit_rate",)),
-    ("Expert imbalance", "max / mean load", ("prefill_imbalance", "decode_imbalance")),
-    ("KV storage used", "fraction of capacity", ("storage_used_frac",)),
-    ("KV storage reads", "GB / s", ("storage_read_gbps",)),
-]
-
-CDFS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
+from .report_figures import bin_note, latency_figure, timeseries_figures, with_derived_columns
+from .report_numbers import (
+    COST_METRICS,
+    DETAIL_METRICS,
+    OFFERED_TOLERANCE,
+    Headline,
+    Metric,
+    delta,
+    describe,
+    fmt,
+    get,
+    headline,
+    offered_load,
+    same_offered_load,
+    seconds,
+    short_pct,
+    verdict,
+)
 
 
 @dataclass
@@ -117,6 +57,7 @@ class RunData:
     requests: pd.DataFrame | None
     timeseries: pd.DataFrame | None
     config: str | None
+    slo: dict[str, Any]  # the resolved config's ``slo`` section (else summary's goodput.slo)
 
 
 def _read_parquet(path: Path) -> pd.DataFrame | None:
@@ -143,14 +84,29 @@ def load_run(path: str | Path) -> RunData:
     if not isinstance(summary, dict):
         raise UserError(f"{summary_file}: expected a JSON object")
     cfg = p / "config.resolved.yaml"
+    config = cfg.read_text(encoding="utf-8") if cfg.is_file() else None
+    ts = _read_parquet(p / "timeseries.parquet")
     return RunData(
         path=p,
         label=p.resolve().name or str(p),
         summary=summary,
         requests=_read_parquet(p / "requests.parquet"),
-        timeseries=_read_parquet(p / "timeseries.parquet"),
-        config=cfg.read_text(encoding="utf-8") if cfg.is_file() else None,
+        timeseries=None if ts is None else with_derived_columns(ts, summary),
+        config=config,
+        slo=_slo(config, summary),
     )
+
+
+def _slo(config: str | None, summary: dict[str, Any]) -> dict[str, Any]:
+    if config is not None:
+        try:
+            section = (yaml.safe_load(config) or {}).get("slo")
+        except (yaml.YAMLError, AttributeError):
+            section = None
+        if isinstance(section, dict):
+            return section
+    applied = get(summary, ("goodput", "slo"))
+    return applied if isinstance(applied, dict) else {}
 
 
 def _unique_labels(runs: list[RunData]) -> None:
@@ -166,188 +122,35 @@ def _unique_labels(runs: list[RunData]) -> None:
             r.label = f"{r.label} ({seen[r.label]})"
 
 
-# ---- numbers ------------------------------------------------------------------------------------
-
-
-def _get(summary: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = summary
-    for key in path:
-        if not isinstance(node, dict) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v)
-
-
-def _sig(v: float, digits: int = 4) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 10 ** (digits - 1):
-        return f"{v:,.0f}"
-    text = f"{v:,.{digits}g}"
-    if "e" in text:
-        return f"{v:.3e}"
-    return text
-
-
-def fmt(v: Any, kind: str) -> str:
-    if v is None:
-        return "–"
-    if not _is_num(v):
-        return str(v)
-    if kind == "ms":
-        return f"{_sig(v * 1e3)} ms"
-    if kind == "pct":
-        return f"{v * 100:.2f} %"
-    if kind == "usd":
-        return f"${v:,.2f}" if abs(v) >= 1 else f"${_sig(v, 3)}"
-    if kind in ("int", "id"):
-        return f"{v:,}" if kind == "int" else str(v)
-    if kind == "x":
-        return f"{v:.4f}"
-    return _sig(float(v))
-
-
-def delta(a: Any, b: Any, kind: str, better: int) -> tuple[str, str]:
-    """(text, css class) of ``b`` against the reference ``a``."""
-    if kind == "id" or not (_is_num(a) and _is_num(b)):
-        return "–", "na"
-    d = b - a
-    if d == 0:
-        return "=", "same"
-    if kind == "pct":
-        absolute = f"{d * 100:+.2f} pp"
-    else:
-        absolute = fmt(abs(d), kind)
-        absolute = ("+" if d > 0 else "−") + absolute
-    rel = f" ({d / abs(a) * 100:+.1f} %)" if a != 0 else ""
-    cls = "same" if better == 0 else ("better" if d * better > 0 else "worse")
-    return absolute + rel, cls
-
-
-# ---- figures ------------------------------------------------------------------------------------
-
-
-def _png(fig: Any) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _finite_positive(values: Any) -> np.ndarray:
-    v = np.sort(np.asarray(values, dtype=float))
-    return v[np.isfinite(v) & (v > 0)]
-
-
-def latency_figure(runs: list[RunData]) -> str | None:
-    """Latency CDFs (TTFT, TPOT, E2E): per traffic class for one run, one line per run else."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
-
-    have = [r for r in runs if r.requests is not None and not r.requests.empty]
-    if not have:
-        return None
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, (col, title) in zip(axes, CDFS, strict=True):
-        for r in have:
-            req = r.requests
-            assert req is not None
-            if col not in req.columns:
-                continue
-            series: list[tuple[str, Any]] = []
-            if len(have) == 1 and "traffic_class" in req.columns:
-                classes = pd.unique(req["traffic_class"].dropna())
-                if len(classes) > 1:
-                    series += [(str(c), req.loc[req["traffic_class"] == c, col]) for c in classes]
-                series.append(("all", req[col]))
-            else:
-                series.append((r.label, req[col]))
-            for label, values in series:
-                v = _finite_positive(values)
-                if v.size:
-                    ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
-        ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel(f"{title} (s)")
-        ax.set_ylabel("fraction of requests")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _png(fig)
-
-
-def timeseries_figures(runs: list[RunData]) -> list[tuple[str, str]]:
-    """(title, base64 PNG) per time-series panel that at least one run has data for."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    have = [r for r in runs if r.timeseries is not None and not r.timeseries.empty]
-    out: list[tuple[str, str]] = []
-    styles = ("-", "--", ":", "-.")
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for title, ylabel, columns in PANELS:
-        lines: list[tuple[Any, Any, str, str, str]] = []
-        for i, r in enumerate(have):
-            ts = r.timeseries
-            assert ts is not None
-            if "t_s" not in ts.columns:
-                continue
-            for j, col in enumerate(columns):
-                if col not in ts.columns:
-                    continue
-                y = pd.to_numeric(ts[col], errors="coerce")
-                if y.isna().all() or (col.startswith("vision_") and not y.fillna(0).any()):
-                    continue  # missing, or a vision column of a run without a vision pool
-                if len(have) == 1:
-                    label, color, style = col, colors[len(lines) % len(colors)], "-"
-                else:
-                    label = f"{r.label}: {col}" if len(columns) > 1 else r.label
-                    color, style = colors[i % len(colors)], styles[j % len(styles)]
-                lines.append((ts["t_s"], y, label, color, style))
-        if not lines:
-            continue
-        fig, ax = plt.subplots(figsize=(6.4, 3.4))
-        for x, y, label, color, style in lines:
-            ax.plot(x, y, label=label, color=color, linestyle=style, linewidth=1.2)
-        ax.set_title(title)
-        ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        out.append((title, _png(fig)))
-    return out
-
-
 # ---- HTML ---------------------------------------------------------------------------------------
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
-max-width:1400px;padding:1rem 2rem;color:#1d1d1f;background:#fff}
-h1{font-size:1.5rem;margin-bottom:.2rem}h2{font-size:1.2rem;margin-top:2rem;
-border-bottom:1px solid #ddd;padding-bottom:.2rem}
-.meta{color:#666;font-size:.85rem}
-table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0}
-th,td{padding:.25rem .6rem;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
+max-width:1500px;padding:1rem 2rem;color:#1d1d1f;background:#fff;line-height:1.4}
+h1{font-size:1.45rem;margin:.2rem 0}h2{font-size:1.15rem;margin:1.8rem 0 .6rem;
+border-bottom:1px solid #ddd;padding-bottom:.2rem}h3{font-size:1rem;margin:0 0 .4rem}
+.meta{color:#666;font-size:.85rem;margin:.3rem 0}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(34rem,1fr));gap:1rem}
+.card{border:1px solid #ddd;border-left:6px solid #888;border-radius:6px;padding:.8rem 1rem}
+.card.meets{border-left-color:#137333}.card.misses{border-left-color:#b3261e}
+.verdict{font-size:1.15rem;font-weight:600;margin:.1rem 0 .5rem}
+.meets .verdict{color:#137333}.misses .verdict{color:#b3261e}
+.card p{margin:.35rem 0;font-size:.92rem}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(22rem,1fr));gap:.4rem 1.5rem;
+align-items:start}
+.narrow{max-width:56rem}.narrow table{width:auto;min-width:28rem}
+.grid.wide{grid-template-columns:repeat(auto-fill,minmax(34rem,1fr))}
+table{border-collapse:collapse;font-size:.85rem;margin:.3rem 0;width:100%}
+caption{text-align:left;font-weight:600;padding:.3rem 0}
+th,td{padding:.2rem .5rem;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 th:first-child,td:first-child{text-align:left}
-thead th{background:#f5f5f7;position:sticky;top:0}
-tr.section th{background:#fafafa;text-align:left;font-weight:600;padding-top:.6rem}
-td.better{color:#137333}td.worse{color:#b3261e}td.same,td.na{color:#888}
-.figs{display:flex;flex-wrap:wrap;gap:1rem}
-figure{margin:0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+thead th{background:#f5f5f7}
+td.better{color:#137333;font-weight:600}td.worse{color:#b3261e;font-weight:600}
+td.same,td.na{color:#777}
+td.ok{color:#137333}td.miss{color:#b3261e;font-weight:600}
+.grid>.tall{grid-row:span 2}
+.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(400px,1fr));gap:.8rem}
+figure{margin:0}figure img{width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.8rem;color:#555}
 details{margin:.4rem 0}pre{background:#f5f5f7;padding:.6rem;overflow:auto;font-size:.75rem;
 max-height:30rem}
@@ -359,24 +162,144 @@ def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _img(b64: str, alt: str, caption: str) -> str:
+def _img(b64: str, alt: str, caption: str = "") -> str:
+    cap = f"<figcaption>{_e(caption)}</figcaption>" if caption else ""
+    return f'<figure><img src="data:image/png;base64,{b64}" alt="{_e(alt)}">{cap}</figure>'
+
+
+# ---- headline and cost --------------------------------------------------------------------------
+
+
+def _slo_table(h: Headline) -> str:
+    rows = []
+    for c in h.checks:
+        if c.kind == "n":
+            measured = "–" if c.measured is None else f"{c.measured:,.0f}"
+            limit, use = "0", ""
+        else:
+            measured = "–" if c.measured is None else seconds(c.measured)
+            limit = f"≤ {seconds(c.limit)}"
+            use = "" if c.measured is None else short_pct(c.use)
+        cls = "ok" if c.met else "miss"
+        mark = "met" if c.met else "missed"
+        rows.append(
+            f"<tr><td>{_e(c.name)}</td><td>{_e(measured)}</td><td>{_e(limit)}</td>"
+            f'<td>{_e(use)}</td><td class="{cls}">{mark}</td></tr>'
+        )
+    head = "<tr><th>SLO</th><th>measured</th><th>limit</th><th>of limit</th><th></th></tr>"
+    return f'<table class="slo"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>'
+
+
+def _headline_card(r: RunData, i: int) -> str:
+    h = headline(r.summary, r.slo)
+    cls = "meets" if h.meets else "misses"
+    mark = "✔" if h.meets else "✘"
+    parts = [
+        f'<div class="card {cls}" id="headline-{i + 1}">',
+        f"<h3>{_e(r.label)}</h3>",
+        f'<p class="verdict">{mark} {_e(verdict(h))}</p>',
+    ]
+    binding = h.binding
+    if binding is not None and h.headroom is not None:
+        what = "busy" if binding.measure == "busy" else f"full ({binding.measure})"
+        used, room = short_pct(binding.fraction), short_pct(h.headroom)
+        parts.append(
+            f"<p><strong>Binding pool: {_e(binding.pool)}</strong>, {_e(used)} {_e(what)}: "
+            f"<strong>headroom {_e(room)}</strong> before it saturates "
+            "(latency SLOs can bind sooner).</p>"
+        )
+    tight = h.tightest
+    if tight is not None and tight.measured is not None and h.meets:
+        parts.append(
+            f"<p>Tightest SLO: {_e(tight.name)} at {_e(short_pct(tight.use))} of its limit "
+            f"({_e(describe(tight))}).</p>"
+        )
+    parts.append(_slo_table(h))
+    parts += [f'<p class="meta">{_e(p.pool)}: {_e(p.detail)}</p>' for p in h.pools]
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _offered_note(runs: list[RunData]) -> str:
+    """Which comparisons are coloured, and why the others are not."""
+    first = runs[0]
+    notes = []
+    for r in runs[1:]:
+        a, b = offered_load(first.summary), offered_load(r.summary)
+        if same_offered_load(first.summary, r.summary):
+            notes.append(
+                f"{r.label} was offered the same load as {first.label} (within "
+                f"{OFFERED_TOLERANCE:.0%}): its changes are coloured, green better, red worse."
+            )
+        elif a is None or b is None:
+            notes.append(f"{r.label}: offered load not recorded, so its changes are not coloured.")
+        else:
+            notes.append(
+                f"Offered load differs: {r.label} {fmt(b['request_per_s'], 'num')} requests/s "
+                f"against {fmt(a['request_per_s'], 'num')} for {first.label}, so its changes "
+                "are not coloured (a rise may come from the load, not the deployment)."
+            )
+    return "".join(f'<p class="meta">{_e(n)}</p>' for n in notes)
+
+
+# ---- metric tables ------------------------------------------------------------------------------
+
+
+def _metric_table(
+    runs: list[RunData], metrics: list[Metric], colour: list[bool], caption: str = ""
+) -> str:
+    """One row per metric any run has; a run after the first adds its column and its Δ."""
+    first = runs[0]
+    head = ["<th>metric</th>", f"<th>{_e(first.label)}</th>"]
+    for r in runs[1:]:
+        head += [f"<th>{_e(r.label)}</th>", f"<th>Δ vs {_e(first.label)}</th>"]
+    body: list[str] = []
+    for _sec, label, path, kind, better in metrics:
+        values = [get(r.summary, path) for r in runs]
+        if all(v is None for v in values):
+            continue  # e.g. storage rows of runs without a KV store
+        pool_count = path[:2] == ("cost", "gpus") or path == ("cost", "storage_nodes")
+        if pool_count and path[-1] != "total" and not any(values):
+            continue  # a pool no run has
+        cells = [f"<td>{_e(label)}</td>", f"<td>{_e(fmt(values[0], kind))}</td>"]
+        for v, coloured in zip(values[1:], colour, strict=True):
+            text, cls = delta(values[0], v, kind, better, coloured)
+            cells += [f"<td>{_e(fmt(v, kind))}</td>", f'<td class="{cls}">{_e(text)}</td>']
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    if not body:
+        return ""
+    cap = f"<caption>{_e(caption)}</caption>" if caption else ""
     return (
-        f'<figure><img src="data:image/png;base64,{b64}" alt="{_e(alt)}">'
-        f"<figcaption>{_e(caption)}</figcaption></figure>"
+        f'<table class="metrics">{cap}<thead><tr>{"".join(head)}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
     )
+
+
+def _detail_tables(runs: list[RunData], colour: list[bool]) -> str:
+    sections: dict[str, list[Metric]] = {}
+    for m in DETAIL_METRICS:
+        sections.setdefault(m[0], []).append(m)
+    cells = []
+    for sec, rows in sections.items():
+        table = _metric_table(runs, rows, colour, sec)
+        if table:  # the long latency table beside two short ones, not above a gap
+            cells.append(
+                f'<div class="tall">{table}</div>' if sec == "Latency" else f"<div>{table}</div>"
+            )
+    wide = " wide" if len(runs) > 1 else ""
+    return f'<div class="grid{wide}">' + "".join(cells) + "</div>"
 
 
 def _runs_table(runs: list[RunData]) -> str:
     rows = []
     for r in runs:
         s = r.summary
-        req = s.get("requests") or {}
         files = [n for n in ("requests.parquet", "timeseries.parquet") if (r.path / n).is_file()]
         rows.append(
             "<tr>"
             f"<td>{_e(r.label)}</td><td>{_e(s.get('scenario', '–'))}</td>"
-            f"<td>{_e(fmt(req.get('arrived'), 'int'))}</td>"
-            f"<td>{_e(fmt(_get(s, ('sim', 'simulated_s')), 'num'))}</td>"
+            f"<td>{_e(fmt(get(s, ('requests', 'arrived')), 'int'))}</td>"
+            f"<td>{_e(fmt(get(s, ('sim', 'simulated_s')), 'num'))}</td>"
             f"<td><code>{_e(r.path)}</code></td><td>{_e(', '.join(files) or '–')}</td>"
             "</tr>"
         )
@@ -387,30 +310,7 @@ def _runs_table(runs: list[RunData]) -> str:
     return f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _summary_table(runs: list[RunData]) -> str:
-    first = runs[0]
-    head = ["<th>metric</th>", f"<th>{_e(first.label)}</th>"]
-    for r in runs[1:]:
-        head += [f"<th>{_e(r.label)}</th>", f"<th>Δ vs {_e(first.label)}</th>"]
-    ncols = len(head)
-    body: list[str] = []
-    section = None
-    for sec, label, path, kind, better in METRICS:
-        values = [_get(r.summary, path) for r in runs]
-        if all(v is None for v in values):
-            continue  # e.g. storage rows of runs without a KV store
-        if sec != section:
-            body.append(f'<tr class="section"><th colspan="{ncols}">{_e(sec)}</th></tr>')
-            section = sec
-        cells = [f"<td>{_e(label)}</td>", f"<td>{_e(fmt(values[0], kind))}</td>"]
-        for v in values[1:]:
-            text, cls = delta(values[0], v, kind, better)
-            cells += [f"<td>{_e(fmt(v, kind))}</td>", f'<td class="{cls}">{_e(text)}</td>']
-        body.append(f"<tr>{''.join(cells)}</tr>")
-    return (
-        f'<table class="metrics"><thead><tr>{"".join(head)}</tr></thead>'
-        f"<tbody>{''.join(body)}</tbody></table>"
-    )
+# ---- the page -----------------------------------------------------------------------------------
 
 
 def build_html(runs: list[RunData]) -> str:
@@ -419,6 +319,7 @@ def build_html(runs: list[RunData]) -> str:
         if len(runs) == 1
         else f"deepinfer-sim report: {len(runs)} runs compared with {runs[0].label}"
     )
+    colour = [same_offered_load(runs[0].summary, r.summary) for r in runs[1:]]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -432,30 +333,36 @@ def build_html(runs: list[RunData]) -> str:
         f"<header><h1>{_e(title)}</h1>",
         f'<p class="meta">generated {_e(datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"))}'
         " by deepinfer-sim; self-contained (no external resources)</p></header>",
-        '<section id="runs"><h2>Runs</h2>',
-        _runs_table(runs),
+        '<section id="headline"><h2>Headline</h2>',
+        '<div class="cards">',
+        *(_headline_card(r, i) for i, r in enumerate(runs)),
+        "</div>",
+    ]
+    if len(runs) > 1:
+        parts.append(_offered_note(runs))
+    parts += [
         "</section>",
-        '<section id="summary"><h2>Summary</h2>',
+        '<section id="cost"><h2>Cost</h2>',
+        f'<div class="narrow">{_metric_table(runs, COST_METRICS, colour)}</div>',
+        "</section>",
+        '<section id="summary"><h2>Detail</h2>',
     ]
     if len(runs) > 1:
         parts.append(
             '<p class="meta">Δ: change against the first run, absolute and in percent '
-            "(pp: percentage points); green is better, red worse.</p>"
+            "(pp: percentage points).</p>"
         )
-    parts += [_summary_table(runs), "</section>"]
+    parts += [_detail_tables(runs, colour), "</section>"]
 
     parts.append('<section id="latency"><h2>Latency distributions</h2>')
     cdf = latency_figure(runs)
     if cdf is None:
         parts.append('<p class="meta">No requests.parquet in these runs.</p>')
     else:
-        caption = "CDFs of TTFT, TPOT and end-to-end latency"
-        caption += (
-            " (per traffic class when there are several)"
-            if len(runs) == 1
-            else ", one line per run"
-        )
-        parts.append(_img(cdf, "latency CDFs", caption))
+        caption = "Dashed red: the SLO; dotted: the p99 level, which the planner holds to it."
+        if len(runs) == 1:
+            caption += " One line per traffic class when there are a few."
+        parts.append(_img(cdf, "latency CDFs: TTFT, TPOT, E2E", caption))
     parts.append("</section>")
 
     parts.append('<section id="timeseries"><h2>Over time</h2>')
@@ -463,20 +370,21 @@ def build_html(runs: list[RunData]) -> str:
     if not figs:
         parts.append('<p class="meta">No timeseries.parquet in these runs.</p>')
     else:
+        parts.append(f'<p class="meta">{_e(bin_note(runs))}</p>')
         parts.append('<div class="figs">')
-        parts += [_img(b64, t, t) for t, b64 in figs]
+        parts += [_img(b64, panel.title, panel.note) for panel, b64 in figs]
         parts.append("</div>")
     parts.append("</section>")
 
-    configs = [r for r in runs if r.config]
-    if configs:
-        parts.append('<section id="configs"><h2>Resolved configurations</h2>')
-        for r in configs:
+    parts.append('<section id="runs"><h2>Runs</h2>')
+    parts.append(_runs_table(runs))
+    for r in runs:
+        if r.config:
             parts.append(
-                f"<details><summary>{_e(r.label)}</summary><pre>{_e(r.config)}</pre></details>"
+                f"<details><summary>{_e(r.label)}: resolved configuration</summary>"
+                f"<pre>{_e(r.config)}</pre></details>"
             )
-        parts.append("</section>")
-    parts += ["</body>", "</html>", ""]
+    parts += ["</section>", "</body>", "</html>", ""]
     return "\n".join(parts)
 
 

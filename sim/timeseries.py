@@ -5,7 +5,9 @@ token rates, so ``timeseries.parquet`` shows how the cluster filled, saturated a
 
 Utilization is an engine's busy time inside the interval (a step still running at the sample
 counts up to the sample, the rest in the next interval) over the interval times the engines, so
-it never exceeds 1. The same samples give the run's queue-depth statistics (:meth:`queue_stats`).
+it never exceeds 1. A rate with nothing to divide (the prefix hit rate of an interval in which no
+prompt was looked up, the expert imbalance of one in which no step ran) is NaN, not 0. The same
+samples give the run's queue-depth statistics (:meth:`queue_stats`).
 """
 
 from __future__ import annotations
@@ -112,8 +114,7 @@ class TimeseriesSampler:
                 "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
                 "prefill_imbalance": self._imbalance("prefill", now),
                 "decode_imbalance": self._imbalance("decode", now),
-                "prefix_hit_rate": (now["hit_tokens"] - self._prev["hit_tokens"])
-                / max(1.0, now["lookup_tokens"] - self._prev["lookup_tokens"]),
+                "prefix_hit_rate": self._hit_rate(now),
                 **self._storage(now, dt),
             }
         )
@@ -132,6 +133,13 @@ class TimeseriesSampler:
             "storage_read_gbps": gbps,
             "storage_failed_nodes": float(sum(kv.nodes.failed)),
         }
+
+    def _hit_rate(self, now: dict[str, float]) -> float:
+        """Prefix-cache hits over the prompt tokens looked up in the interval (NaN: none were)."""
+        looked_up = now["lookup_tokens"] - self._prev["lookup_tokens"]
+        if looked_up <= 0:
+            return float("nan")
+        return (now["hit_tokens"] - self._prev["hit_tokens"]) / looked_up
 
     def _imbalance(self, pool: str, now: dict[str, float]) -> float:
         """Mean expert-imbalance factor of the pool's steps in the interval (NaN: none ran)."""
