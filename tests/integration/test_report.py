@@ -376,6 +376,7 @@ def test_report_command_errors_are_one_line_and_exit_2(tmp_path, name, message):
     assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
 
 
+HANG_S = 600  # a browser that hangs fails the test instead of stalling CI (not a speed limit)
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -400,6 +401,7 @@ def test_the_page_renders_in_a_headless_browser(runs, tmp_path):
         [browser, *flags, "--dump-dom", page.as_uri()],
         capture_output=True,
         text=True,
+        timeout=HANG_S,
     )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "Δ vs ep8" in dom.stdout and "Meets its SLOs" in dom.stdout
@@ -407,5 +409,6 @@ def test_the_page_renders_in_a_headless_browser(runs, tmp_path):
     rendered = subprocess.run(
         [browser, *flags, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri()],
         capture_output=True,
+        timeout=HANG_S,
     )
     assert rendered.returncode == 0 and shot.stat().st_size > 10_000
