@@ -1,17 +1,18 @@
 """Pieces every command module of the CLI shares: the UserError → one ``error:`` line + exit 2
-handling (as a group class and as a decorator for commands that stand alone), the ``--set``
-option and the rich console."""
+handling (as a group class and as a decorator for commands that stand alone), ConfigWarning →
+one ``warning:`` line, the ``--set`` option and the rich console."""
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from .errors import UserError
+from .errors import ConfigWarning, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,7 +23,9 @@ class UserErrorGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with warnings.catch_warnings():
+                warnings.showwarning = _show_warning
+                return super().invoke(ctx)
         except UserError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
@@ -34,6 +37,17 @@ class UserErrorGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)
+
+
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+    """A ConfigWarning as one ``warning:`` line; any other warning as Python shows it."""
+    if issubclass(category, ConfigWarning):
+        click.echo(f"warning: {message}", err=True)
+    else:
+        _python_showwarning(message, category, *args, **kw)
 
 
 class _CliError(click.ClickException):

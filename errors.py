@@ -35,3 +35,8 @@ class TraceError(UserError):
 
 class InvariantError(AssertionError):
     """An end-of-run conservation check failed: a simulator bug, never bad input."""
+
+
+class ConfigWarning(UserWarning):
+    """A config value that is valid but does nothing in this run (say, prices for a traffic
+    class the workload never produces). The CLI shows it as one ``warning:`` line."""

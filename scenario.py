@@ -25,7 +25,9 @@ from .errors import ConfigError
 from .models.cost import RooflineParams, StepParams
 from .models.registry import bundled_dir, load_hardware, load_model, resolve
 from .models.spec import ModelSpec
+from .traces.builtin import BUILTIN_PREFIX, BUILTIN_TRACES
 from .traces.multimodal import MultimodalWorkload
+from .traces.sessions import CLASS_NAMES as SESSION_CLASSES
 from .traces.sessions import SessionWorkload
 from .validation import FrozenModel, read_yaml, validate
 
@@ -537,6 +539,18 @@ class Workload(FrozenModel):
             raise ValueError("end_s must be greater than start_s")
         return self
 
+    def traffic_classes(self) -> tuple[str, ...] | None:
+        """The traffic classes this workload can produce, where the config alone tells (a
+        sessions generator, a builtin trace); None for a trace file, whose classes are its own."""
+        builtin = self.trace.removeprefix(BUILTIN_PREFIX)
+        if self.sessions is not None:
+            names: tuple[str, ...] = SESSION_CLASSES
+        elif self.trace.startswith(BUILTIN_PREFIX) and builtin in BUILTIN_TRACES:
+            names = (self.traffic_class or BUILTIN_TRACES[builtin][2],)
+        else:
+            return None
+        return names + ((self.multimodal.class_name,) if self.multimodal is not None else ())
+
 
 class PrefixCache(FrozenModel):
     """Prefix caching of 512-token blocks. With storage nodes (``pools.storage``) the blocks live
@@ -613,16 +627,59 @@ class Planner(FrozenModel):
     )
 
 
+class TokenPrices(typing.NamedTuple):
+    """USD per million tokens of each kind a provider bills, resolved (no None left)."""
+
+    input_cache_miss: float
+    input_cache_hit: float
+    output: float
+
+
+class ClassRevenue(FrozenModel):
+    """One traffic class's prices; a price left out is the global one (``prices.revenue``)."""
+
+    input_per_mtok_usd: float | None = Field(None, ge=0, description="input tokens (misses)")
+    output_per_mtok_usd: float | None = Field(None, ge=0)
+    input_cache_hit_per_mtok_usd: float | None = Field(
+        None,
+        ge=0,
+        description="input tokens served from the prefix cache (None: the global hit price, "
+        "or this class's miss price when no hit price is set)",
+    )
+
+
 class Revenue(FrozenModel):
     """What users pay per million tokens (valley pricing by default). Providers that cache
     prompts bill cached input tokens lower (DeepSeek's API: a cache hit at about a quarter to
-    a tenth of a miss); ``input_cache_hit_per_mtok_usd`` prices the prefix-cache hits so."""
+    a tenth of a miss); ``input_cache_hit_per_mtok_usd`` prices the prefix-cache hits so.
+    ``by_class`` prices a traffic class apart (an agent API dearer than a chatbot's)."""
 
     input_per_mtok_usd: float = Field(0.14, ge=0, description="input tokens (cache misses)")
     output_per_mtok_usd: float = Field(0.21, ge=0)
     input_cache_hit_per_mtok_usd: float | None = Field(
         None, ge=0, description="input tokens served from the prefix cache (None: as a miss)"
     )
+    by_class: dict[str, ClassRevenue] = Field(
+        default_factory=dict,
+        description="per traffic class (chatbot, agent, ...); a price a class leaves out is "
+        "the global one",
+    )
+
+    def prices(self, traffic_class: str | None = None) -> TokenPrices:
+        """The prices of one class (None: the global prices)."""
+        own = self.by_class.get(traffic_class) if traffic_class is not None else None
+        miss = self.input_per_mtok_usd
+        hit = self.input_cache_hit_per_mtok_usd
+        out = self.output_per_mtok_usd
+        if own is not None:
+            miss, out = _or(own.input_per_mtok_usd, miss), _or(own.output_per_mtok_usd, out)
+            if own.input_cache_hit_per_mtok_usd is not None:
+                hit = own.input_cache_hit_per_mtok_usd
+        return TokenPrices(miss, _or(hit, miss), out)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 class Prices(FrozenModel):
@@ -863,7 +920,8 @@ def scenario_path(ref: str | Path) -> Path:
 
 
 def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
-    """Model and hardware names must resolve; relative trace paths become absolute."""
+    """Model and hardware names must resolve, and classes priced apart must be among the
+    workload's where the config tells them; relative trace paths become absolute."""
     refs = [("model", "models", sc.model)]
     refs += [(f"pools.{pool}.hardware", "hardware", hw) for pool, hw in sc.hardware_kinds().items()]
     for path, kind, ref in refs:
@@ -885,6 +943,14 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
                 check_profile(ref, load_model(sc.model, base_dir), name, base_dir)
             except ConfigError as exc:
                 raise ConfigError(f"cost_model.{pool}", str(exc), source=source) from None
+    known = sc.workload.traffic_classes()
+    for name in sc.prices.revenue.by_class:
+        if known is not None and name not in known:
+            raise ConfigError(
+                f"prices.revenue.by_class.{name}",
+                f"the workload has no traffic class {name!r} (its classes: {', '.join(known)})",
+                source,
+            )
     trace = sc.workload.trace
     if not trace.startswith("builtin:") and not Path(trace).is_absolute():
         wl = sc.workload.model_copy(update={"trace": str((base_dir / trace).resolve())})

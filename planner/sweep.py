@@ -64,6 +64,7 @@ SKIP_METRICS = (
     "requests.rejected_by_reason",
     "prefill.by_tier",
     "cache.by_class",
+    "cost.revenue_usd_per_hour_by_class",
     "eplb.by_pool",
     "storage.ttl_s",
     "goodput.slo",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import numpy as np
 import simpy
 
 from ..calibration.profile import load_profile
-from ..errors import ConfigError, InvariantError, UserError
+from ..errors import ConfigError, ConfigWarning, InvariantError, UserError
 from ..models.cost import PoolShape, RooflineStepCost, StepCost
 from ..models.hardware import HardwareSpec
 from ..models.profile_cost import ProfileStepCost
@@ -45,6 +46,7 @@ from .prefill import PrefillInstance
 from .prefill_path import PrefillPath
 from .requests import RejectReason, RequestTable, State
 from .result import Result
+from .revenue import unpriced_classes
 from .speculative import ClassAcceptance, SpecDecoder
 from .summary import summarize
 from .timeseries import TimeseriesSampler
@@ -530,6 +532,14 @@ def simulate(
     wall0 = time.perf_counter()
     if source is None:
         source = build_source(sc.workload, sc.seed)
+    unpriced = unpriced_classes(sc.prices.revenue, source.class_names)
+    if unpriced:  # shown once per process for the same workload (Python's default filter)
+        warnings.warn(
+            f"prices.revenue.by_class: {', '.join(unpriced)} never appear in the workload "
+            f"(its traffic classes: {', '.join(source.class_names)}); those prices are unused",
+            ConfigWarning,
+            stacklevel=2,
+        )
     cl = build_cluster(sc, source)
     if on_build is not None:
         on_build(cl)

@@ -15,8 +15,9 @@ pool's engines: at most 1 by construction. Being busy is not being full (a Wide-
 whenever any rank holds one sequence), so ``load`` adds occupancy: sequences and KV per decode
 rank against their limits, tokens per prefill step against the step budget, and queue depths.
 Cost multiplies the GPUs of each pool by its hardware's price; revenue applies the configured
-per-token prices to the tokens served (revenue, not cost, aggregated over VE, prefill and decode,
-the way DeepSeek's published $/GPU-hour figure is).
+per-token prices to the tokens served, per traffic class where a class is priced apart (see
+``sim/revenue.py``; revenue, not cost, aggregated over VE, prefill and decode, the way DeepSeek's
+published $/GPU-hour figure is).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 from ..models.registry import load_hardware
 from .metrics import bench_stats, dist_stats, latency_percentiles
 from .requests import RejectReason, State
+from .revenue import TokenRates, revenue
 from .storage_sizing import scenario_gpus
 
 if TYPE_CHECKING:
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
     from .engine import Cluster
 
 
-def _cost(cl: Cluster, out_tok_s: float, in_tok_s: float) -> dict[str, Any]:
+def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:
     sc = cl.sc
     pools = sc.pools
     gpus = {"vision": pools.vision.gpus, "prefill": pools.prefill.gpus, "decode": pools.decode.gpus}
@@ -52,28 +54,32 @@ def _cost(cl: Cluster, out_tok_s: float, in_tok_s: float) -> dict[str, Any]:
     )
     usd_h += pools.storage.nodes * sc.prices.storage_node_hour_usd
     total_gpus = sum(gpus.values())
-    rev = sc.prices.revenue
-    hit_price = (
-        rev.input_per_mtok_usd
-        if rev.input_cache_hit_per_mtok_usd is None
-        else rev.input_cache_hit_per_mtok_usd
-    )
-    hit_share = _cache(cl)["hit_rate_tokens"] or 0.0
-    per_h = 3600 / 1e6
-    earned = {  # USD per hour by the tokens that earned it
-        "input_cache_miss": in_tok_s * (1 - hit_share) * rev.input_per_mtok_usd * per_h,
-        "input_cache_hit": in_tok_s * hit_share * hit_price * per_h,
-        "output": out_tok_s * rev.output_per_mtok_usd * per_h,
-    }
+    t = cl.table
+    done = t.state == State.DONE
+    in_tok_s = float(t.input_len[done].sum()) / makespan
+    out_tok_s = float(t.output_len[done].sum()) / makespan
+    cache = _cache(cl)
+    by_class = {}
+    for code, name in enumerate(t.source.class_names):
+        sel = done & (t.source.traffic_class == code)
+        if sel.any():
+            by_class[name] = TokenRates.split(
+                float(t.input_len[sel].sum()) / makespan,
+                float(t.output_len[sel].sum()) / makespan,
+                cache["by_class"].get(name, 0.0),
+            )
+    total = TokenRates.split(in_tok_s, out_tok_s, cache["hit_rate_tokens"] or 0.0)
+    earned, earned_by_class = revenue(sc.prices.revenue, total, by_class)
     revenue_h = sum(earned.values())
-    out_mtok_h = out_tok_s * per_h
+    out_mtok_h = out_tok_s * (3600 / 1e6)
     return {
         "gpus": {**gpus, "total": total_gpus},
         "storage_nodes": pools.storage.nodes,
         "usd_per_hour": usd_h,
         "usd_per_mtok_output": usd_h / out_mtok_h if out_mtok_h > 0 else None,
         "revenue_usd_per_hour": revenue_h,
-        "revenue_usd_per_hour_by_tokens": earned,
+        "revenue_usd_per_hour_by_tokens": earned,  # USD per hour by the tokens that earned it
+        "revenue_usd_per_hour_by_class": earned_by_class,
         "revenue_per_gpu_hour_usd": revenue_h / total_gpus if total_gpus else None,
     }
 
@@ -526,7 +532,7 @@ def summarize(
         "cache": _cache(cl),
         "storage": _storage(cl, read_gbps_peak),
         "eplb": _eplb(cl),
-        "cost": _cost(cl, out_s, in_s),
+        "cost": _cost(cl, makespan),
         "sim": {
             "seed": sc.seed,
             "simulated_s": cl.env.now,

@@ -1,12 +1,16 @@
-"""Shared fixtures: tiny synthetic workloads and scenarios that run in milliseconds."""
+"""Shared fixtures: tiny synthetic workloads and scenarios that run in milliseconds; and a
+closing line naming the runtime dependencies the run tested (the newest releases where the
+README's install line resolved them: the ceiling; ``test_dependency_floor.py`` tests the floor)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
+from packaging.requirements import Requirement
 
 from deepinfer_sim.scenario import Scenario, scenario_from_dict
 from deepinfer_sim.traces import RequestSource
@@ -100,3 +104,15 @@ def tiny() -> Callable[..., Scenario]:
 def synthetic() -> Callable[..., RequestSource]:
     """``synthetic(arrivals, input_len, output_len, images=None)`` -> a RequestSource."""
     return make_source
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """``runtime dependencies tested: numpy 2.4.1, ...``, from the installed package's
+    requirements, so that a CI log says which releases passed."""
+    names = [
+        Requirement(r).name
+        for r in importlib.metadata.requires("deepinfer-sim") or []
+        if "extra ==" not in r
+    ]
+    tested = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in names)
+    terminalreporter.write_line(f"runtime dependencies tested: {tested}")
