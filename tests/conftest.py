@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,22 @@ from packaging.requirements import Requirement
 
 from deepinfer_sim.scenario import Scenario, scenario_from_dict
 from deepinfer_sim.traces import RequestSource
+
+# The repository root is the ``deepinfer_sim`` package itself, so pytest sees it as a test package
+# and, before the first test, imports its ``__init__.py`` (looking for a ``setup_module``) under
+# the checkout folder's name; for a folder such as ``deepinfer-sim``, not a Python identifier,
+# that import fails and every test errors. The root has no setup: skip it (the tests import the
+# installed package as usual).
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+_package_setup = pytest.Package.setup
+
+
+def _setup_unless_repo_root(self: pytest.Package) -> None:
+    if Path(self.path).resolve() != _REPO_ROOT:
+        _package_setup(self)
+
+
+pytest.Package.setup = _setup_unless_repo_root  # type: ignore[method-assign]
 
 SOURCE_ARRAYS = (
     "arrival_s",
