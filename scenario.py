@@ -223,6 +223,18 @@ class Pools(FrozenModel):
     vision: VisionPool = VisionPool()
     storage: StoragePool = StoragePool()
 
+    def gpus_by_pool(self) -> dict[str, int]:
+        """Online GPUs of each pool (the storage nodes hold none)."""
+        return {
+            "vision": self.vision.gpus,
+            "prefill": self.prefill.gpus,
+            "decode": self.decode.gpus,
+        }
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.gpus_by_pool().values())
+
 
 class Network(FrozenModel):
     """Prefill -> decode KV transfer links."""
@@ -794,6 +806,14 @@ class Scenario(FrozenModel):
             "decode": p.decode.hardware,
             "vision": p.vision.hardware,
         }
+
+    def gpu_usd_per_hour(self) -> float:
+        """$ per hour of the online GPUs at ``prices.gpu_hour_usd`` (storage nodes not counted)."""
+        hw = self.hardware_kinds()
+        price = self.prices.gpu_hour_usd
+        return sum(
+            n * price[load_hardware(hw[pool]).name] for pool, n in self.pools.gpus_by_pool().items()
+        )
 
 
 # ---- overrides ----------------------------------------------------------------------------------

@@ -39,7 +39,6 @@ from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
-from ..models.registry import load_hardware
 from ..scenario import Scenario, dump_scenario, load_scenario
 from ..sim.engine import simulate
 from ..sim.storage_sizing import nodes_for, ttl_report
@@ -132,14 +131,7 @@ def slo_failure(summary: dict[str, Any], sc: Scenario) -> str:
 
 def unit_cost(sc: Scenario) -> tuple[int, float]:
     """(GPUs, $/h) of one unit without storage."""
-    pools, price = sc.pools, sc.prices.gpu_hour_usd
-    parts = (
-        (pools.prefill.gpus, pools.prefill.hardware),
-        (pools.decode.gpus, pools.decode.hardware),
-        (pools.vision.gpus, pools.vision.hardware),
-    )
-    gpus = sum(n for n, _ in parts)
-    return gpus, sum(n * price[load_hardware(hw).name] for n, hw in parts)
+    return sc.pools.gpus, sc.gpu_usd_per_hour()
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,6 @@ def nodes_for(cfg: StoragePool, logical_bytes: float) -> int:
     return groups * cfg.width
 
 
-def scenario_gpus(sc: Scenario) -> int:
-    """The online GPUs of a scenario (prefill + decode + vision)."""
-    p = sc.pools
-    return p.prefill.gpus + p.decode.gpus + p.vision.gpus
-
-
 def block_bytes(sc: Scenario, source: RequestSource) -> float:
     return load_model(sc.model).kv_bytes_per_token() * source.block_tokens
 
@@ -63,7 +57,7 @@ def ttl_report(
         source, ttls_s, capacities_blocks, class_ttl, block_bytes=block_bytes(sc, source)
     )
     frame = sweep.frame.copy()
-    base = scenario_gpus(sc)
+    base = sc.pools.gpus
     target = gpus or base
     needed = frame["peak_resident_bytes"] * (target / base)
     frame["gpus"] = target

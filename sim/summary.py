@@ -27,11 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..models.registry import load_hardware
 from .metrics import bench_stats, dist_stats, latency_percentiles
 from .requests import RejectReason, State
 from .revenue import TokenRates, revenue
-from .storage_sizing import scenario_gpus
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,18 +40,9 @@ if TYPE_CHECKING:
 def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:
     sc = cl.sc
     pools = sc.pools
-    gpus = {"vision": pools.vision.gpus, "prefill": pools.prefill.gpus, "decode": pools.decode.gpus}
-    price = sc.prices.gpu_hour_usd
-    usd_h = sum(
-        n * price[load_hardware(hw).name]
-        for n, hw in zip(
-            gpus.values(),
-            (pools.vision.hardware, pools.prefill.hardware, pools.decode.hardware),
-            strict=True,
-        )
-    )
-    usd_h += pools.storage.nodes * sc.prices.storage_node_hour_usd
-    total_gpus = sum(gpus.values())
+    gpus = pools.gpus_by_pool()
+    usd_h = sc.gpu_usd_per_hour() + pools.storage.nodes * sc.prices.storage_node_hour_usd
+    total_gpus = pools.gpus
     t = cl.table
     done = t.state == State.DONE
     in_tok_s = float(t.input_len[done].sum()) / makespan
@@ -179,7 +168,7 @@ def _storage(cl: Cluster, read_gbps_peak: float) -> dict[str, Any] | None:
         return None
     cfg = cl.sc.pools.storage
     nodes = kv.nodes
-    gpus = scenario_gpus(cl.sc)
+    gpus = cl.sc.pools.gpus
     return {
         "nodes": cfg.nodes,
         "coding": f"{cfg.data_chunks}+{cfg.parity_chunks}",
@@ -476,8 +465,7 @@ def summarize(
             "input_tok_per_s": in_s,
             "output_tok_per_s": out_s,
             "total_tok_per_s": in_s + out_s,
-            "output_tok_per_s_per_gpu": out_s
-            / max(1, pools.prefill.gpus + pools.decode.gpus + pools.vision.gpus),
+            "output_tok_per_s_per_gpu": out_s / max(1, pools.gpus),
             "input_tok_per_s_per_prefill_gpu": in_s / pools.prefill.gpus,
             "output_tok_per_s_per_decode_gpu": out_s / pools.decode.gpus,
             "peak_output_tok_per_s": _peak_output_tok_per_s(cl, timeseries),
