@@ -150,8 +150,8 @@ def run(
 ) -> None:
     """Simulate CONFIG (a scenario YAML path or a bundled name such as `default`)."""
     from .scenario import dump_scenario, load_scenario
-    from .sim.engine import simulate
-    from .sim.result import write_run_error, write_text
+    from .sim.core.engine import simulate
+    from .sim.results.result import write_run_error, write_text
 
     sc = load_scenario(config, list(overrides))
     out = writable_dir(Path(out_dir) if out_dir else Path("runs") / sc.name)
@@ -164,7 +164,7 @@ def run(
     (out / "error.json").unlink(missing_ok=True)
     try:
         if timeline_file:
-            from .sim.timeline import TimelineOptions, simulate_with_timeline
+            from .sim.results.timeline import TimelineOptions, simulate_with_timeline
 
             result, trace = simulate_with_timeline(
                 simulate, sc, options=TimelineOptions(), progress=progress if enabled else None
@@ -181,7 +181,7 @@ def run(
         print_summary(result.summary, out)
     if trace is not None and timeline_file:
         from .cli_timeline import timeline_line
-        from .sim.timeline import write_timeline
+        from .sim.results.timeline import write_timeline
 
         write_timeline(trace, timeline_file)
         if not quiet:
@@ -266,9 +266,9 @@ def eplb(
     Uses CONFIG's expert-load model and the pool's EPLB window and period (change them with
     --set policies.eplb.decode.period_steps=... etc.); no cluster run.
     """
+    from .planner.analysis.eplb_analysis import benchmark_point, operating_point
     from .scenario import load_scenario
-    from .sim.eplb_analysis import benchmark_point, operating_point
-    from .sim.expert_parallel import Pool
+    from .sim.stages.expert_parallel import Pool
 
     sc = load_scenario(config, list(overrides))
     if json_file:
@@ -435,9 +435,9 @@ def sweep_ttl(
 ) -> None:
     """Token hit rate per traffic class, prefill tokens saved and storage needed, for a grid of
     TTLs, in one pass over CONFIG's workload (no simulation per point)."""
+    from .planner.analysis.storage_sizing import DEFAULT_TTLS_S, block_bytes, ttl_report
+    from .planner.analysis.ttl_sweep import plot_ttl_sweep
     from .scenario import load_scenario
-    from .sim.storage_sizing import DEFAULT_TTLS_S, block_bytes, ttl_report
-    from .sim.ttl_sweep import plot_ttl_sweep
     from .traces.workload import build_source
 
     sc = load_scenario(config, list(overrides))

@@ -97,7 +97,7 @@ def calibrate(
 def derive_profile(measured: str, targets: str, name: str, out_file: str) -> None:
     """Derive a profile for other hardware from a MEASURED one by roofline ratios."""
     from .calibration.derive import derive
-    from .calibration.profile import load_profile, write_profile
+    from .models.profile import load_profile, write_profile
 
     prof = derive(
         load_profile(measured), name, [t.strip() for t in targets.split(",") if t.strip()]
@@ -112,7 +112,7 @@ def derive_profile(measured: str, targets: str, name: str, out_file: str) -> Non
 @click.option("--name", default=None, help="Name of the merged profile (default: the first's).")
 def merge_profiles(out_file: str, inputs: tuple[str, ...], name: str | None) -> None:
     """Merge profiles with fits for different models (same device and kernels) into OUT."""
-    from .calibration.profile import load_profile, merge_profiles, write_profile
+    from .models.profile import load_profile, merge_profiles, write_profile
 
     profiles = [load_profile(p, Path.cwd()) for p in inputs]
     merged = merge_profiles(profiles, name or profiles[0].name)

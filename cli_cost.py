@@ -1,5 +1,5 @@
 """``deepinfer-sim cost``: one pool's step time, where it goes, and its throughput at a steady
-load — straight from the pool's cost model (:mod:`deepinfer_sim.sim.steady`), no simulation.
+load — straight from the pool's cost model (``planner/analysis/steady.py``), no simulation.
 
 ``cli.py`` registers the command on the main group. Like the rest of the CLI, every mistake —
 an option out of range, an option that does not apply to the pool, a config error — is one
@@ -19,8 +19,8 @@ from .cli_common import console, overrides_option, user_errors, writable_file, w
 from .errors import UserError
 
 if TYPE_CHECKING:
+    from .planner.analysis.steady import SteadyPoint
     from .scenario import Scenario
-    from .sim.steady import SteadyPoint
 
 
 class _UsageAsError(click.ClickException):
@@ -119,8 +119,8 @@ def cost(
              the largest batch that still gives each user that speed)
     prefill: every GPU computes --tokens new tokens a step as whole --prompt-token prompts
     """
+    from .planner.analysis import steady
     from .scenario import load_scenario
-    from .sim import steady
 
     if json_file:
         writable_file(json_file, "--json")
@@ -186,7 +186,7 @@ def _check_speculative(
     sc: Scenario, verify: float | None, accept: float | None, notes: list[str]
 ) -> None:
     """Resolve the verify length up front, so that a bad --accept names the option."""
-    from .sim.steady import default_verify
+    from .planner.analysis.steady import default_verify
 
     spec = sc.policies.speculative
     v = default_verify(sc) if verify is None else verify

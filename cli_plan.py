@@ -180,7 +180,7 @@ def _print_sweep(table: Any, keys: list[str], limit: int = 60) -> None:
 @user_errors
 def report(run_dirs: tuple[str, ...], out_file: str | None) -> None:
     """One self-contained HTML page for one run, or several compared with the first."""
-    from .planner.report import render_report
+    from .sim.results.report import render_report
 
     if out_file is not None:  # a file the user named; the default is checked as it is written
         writable_file(out_file)

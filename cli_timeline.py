@@ -1,5 +1,5 @@
 """``deepinfer-sim timeline RUN_DIR``: a finished run as Perfetto/Chrome trace-event JSON
-(sim/timeline.py says what the tracks are built from)."""
+(sim/results/timeline.py says what the tracks are built from)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def timeline(
     """
     from pathlib import Path
 
-    from .sim.timeline import (
+    from .sim.results.timeline import (
         DEFAULT_MAX_EVENTS,
         DEFAULT_MAX_REQUESTS,
         TimelineOptions,

@@ -1,5 +1,6 @@
 """``deepinfer-sim validate``: the bundled published deployments (``configs/published/``)
-predicted by each cost model, simulated / published per case (:mod:`deepinfer_sim.sim.published`).
+predicted by each cost model, simulated / published per case
+(``planner/analysis/published.py``).
 
 Exit status 0 when every case ran (whether or not it is within its tolerance: the table says
 which are); ``--strict`` makes a case outside its tolerance an exit status 1.
@@ -44,7 +45,7 @@ def validate(
     """Predict published deployments and compare (simulated / published)."""
     from rich.table import Table
 
-    from .sim.published import run_cases
+    from .planner.analysis.published import run_cases
 
     if json_path:
         writable_file(json_path, "--json")

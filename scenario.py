@@ -146,8 +146,8 @@ DAY_S = 86400.0
 
 
 class StoragePool(FrozenModel):
-    """The 3FS-style KV-cache cluster (sim/kvstore.py, sim/storage_nodes.py). ``nodes: 0`` keeps
-    the in-memory reference prefix store (``cache.prefix``) instead."""
+    """The 3FS-style KV-cache cluster (sim/stages/kvstore.py, sim/stages/storage_nodes.py).
+    ``nodes: 0`` keeps the in-memory reference prefix store (``cache.prefix``) instead."""
 
     nodes: int = Field(
         0,
@@ -284,7 +284,7 @@ class ExpertImbalance(FrozenModel):
 
 
 class ExpertLoad(FrozenModel):
-    """The one expert-load model every pool shares (sim/expert_load.py)."""
+    """The one expert-load model every pool shares (sim/stages/expert_load.py)."""
 
     # defaults: fitted by benchmarks/eplb_fit.py to the article's three imbalances (docs/eplb.md)
     family: Literal["zipf", "dirichlet"] = "zipf"
@@ -985,7 +985,7 @@ def check_profile(ref: str, model: ModelSpec, hardware: str, base_dir: Path | No
     """A profile must have fits for the model (its own, or those of a fitted model with the same
     layer widths) on the pool's hardware, for every attention kind of the model's layers; else
     one ConfigError naming what is missing (the model's fits, the hardware or a kind)."""
-    from .calibration.profile import load_profile
+    from .models.profile import load_profile
 
     profile = load_profile(ref, base_dir)
     coefs = profile.coefs(model, hardware)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from deepinfer_sim import load_scenario
-from deepinfer_sim.sim.offline import offline_makespan
+from deepinfer_sim.planner.analysis.offline import offline_makespan
 from deepinfer_sim.traces import read_trace
 
 POLICIES = ("two_dim", "least_requests", "round_robin")

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from deepinfer_sim import load_scenario
-from deepinfer_sim.sim.offline import steady_throughput
+from deepinfer_sim.planner.analysis.offline import steady_throughput
 
 TARGET_FIXED = 3.29
 TARGET_DSPARK = 3.20

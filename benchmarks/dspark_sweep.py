@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from deepinfer_sim import load_scenario
-from deepinfer_sim.sim.offline import steady_throughput
+from deepinfer_sim.planner.analysis.offline import steady_throughput
 
 POLICIES = ("none", "mtp1", "fixed", "dspark")
 CONCURRENCY = (1, 2, 4, 8, 16, 24, 32, 48, 60, 80, 100, 128, 160, 200)

@@ -37,9 +37,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from deepinfer_sim import load_scenario
+from deepinfer_sim.planner.analysis.eplb_analysis import benchmark_point
+from deepinfer_sim.planner.analysis.offline import steady_throughput
 from deepinfer_sim.scenario import ExpertLoad, Scenario
-from deepinfer_sim.sim.eplb_analysis import benchmark_point
-from deepinfer_sim.sim.offline import steady_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 KAPPAS = [15.0, 20.0, 25.0, 30.0, 40.0, 50.0]

@@ -25,8 +25,8 @@ import numpy as np
 
 from deepinfer_sim import load_scenario
 from deepinfer_sim.models.registry import load_model
-from deepinfer_sim.sim.eplb import match_ranks, moved_experts, rebalance
-from deepinfer_sim.sim.expert_load import ExpertLoadModel
+from deepinfer_sim.sim.policies.eplb import match_ranks, moved_experts, rebalance
+from deepinfer_sim.sim.stages.expert_load import ExpertLoadModel
 
 POINTS = (("decode", 128, 1), ("decode", 64, 1), ("prefill", 4, 4))
 TOKENS = 1e6  # token-choices per layer in the window: enough that sampling noise is small

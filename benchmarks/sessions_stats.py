@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer_sim.sim.ttl_sweep import ALL, ttl_sweep
+from deepinfer_sim.planner.analysis.ttl_sweep import ALL, ttl_sweep
 from deepinfer_sim.traces import RequestSource, read_trace
 from deepinfer_sim.traces.sessions import SessionWorkload, generate_sessions
 
@@ -155,7 +155,8 @@ def agent_generator(seed: int) -> dict[str, Any]:
 def hit_rates(
     src: RequestSource, class_ttl: dict[str, float] | None = None, measure_from_s: float = 0.0
 ) -> dict[str, float]:
-    """Token-weighted hit rate per class and overall (sim/ttl_sweep.py, refresh on read)."""
+    """Token-weighted hit rate per class and overall (planner/analysis/ttl_sweep.py, refresh
+    on read)."""
     ttl = class_ttl or {name: math.inf for name in src.class_names}
     frame = ttl_sweep(src, [math.inf], class_ttl=ttl, measure_from_s=measure_from_s).frame
     rows = frame[frame["policy"] == "class_ttl"].set_index("traffic_class")

@@ -1,4 +1,5 @@
-"""Throughput of the one-pass TTL sweep (``deepinfer_sim.sim.ttl_sweep``) on a million requests.
+"""Throughput of the one-pass TTL sweep (``planner/analysis/ttl_sweep.py``) on a million
+requests.
 
 The shipped Mooncake conversation trace (12,031 requests, 1 h, one class) is tiled end to end
 into >= 1,000,000 requests (copies share no prefix), each request is given a class at random
@@ -29,7 +30,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from deepinfer_sim.sim import ttl_sweep as ts  # noqa: E402
+from deepinfer_sim.planner.analysis import ttl_sweep as ts  # noqa: E402
 from deepinfer_sim.traces import RequestSource, read_trace  # noqa: E402
 from deepinfer_sim.traces.workload import tile  # noqa: E402
 

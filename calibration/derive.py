@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, UserError
 from ..models.hardware import HardwareSpec
+from ..models.profile import Dtypes, HardwareCoefs, ModelFits, Profile, Provenance
 from ..models.registry import load_hardware, load_model
 from ..models.spec import Precision, compute_class, dtype_bytes
-from .profile import Dtypes, HardwareCoefs, ModelFits, Profile, Provenance
 
 METHOD = (
     "derived, not measured: every coefficient of the measured profile scaled by the ratio of the "

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
-from .profile import DECODE_TILES, MOE_TILES, DecodeCoef, FitError, MoeCoef, PrefillCoef
+from ..models.profile import DECODE_TILES, MOE_TILES, DecodeCoef, FitError, MoeCoef, PrefillCoef
 
 Predict = Callable[[np.ndarray], np.ndarray]
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..models.profile import EngineOverhead, Profile, load_profile, write_profile
 from ..models.registry import load_model
-from .profile import EngineOverhead, Profile, load_profile, write_profile
 from .sweep import engine_stack, fit_engine_overhead, fit_kernels, measurements_of
 
 

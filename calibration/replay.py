@@ -30,11 +30,11 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
+from ..models.profile import Profile, load_profile
 from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_model
 from ..rng import stream
 from ..traces import read_trace, spread_buckets
-from .profile import Profile, load_profile
 from .validate import ReplayShape, errors, simulate_decode, simulate_prefill, validation_cost
 
 MINI_LAYERS: tuple[tuple[Literal["csa", "hca", "swa"], bool], ...] = (

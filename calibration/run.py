@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import UserError
-from .profile import Profile, merge_profiles, write_profile
+from ..models.profile import Profile, merge_profiles, write_profile
 from .sweep import Grid, build_profile, measure
 
 

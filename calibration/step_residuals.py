@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .profile import load_profile
+from ..models.profile import load_profile
 from .validate import ReplayShape, validation_cost
 
 DECODE_BINS = (0, 1, 2, 4, 8, 16, 32, 64)

@@ -37,8 +37,7 @@ import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
 from ..models.cost import StepParams
-from .fit import fit_decode, fit_linear_latency, fit_moe, fit_prefill
-from .profile import (
+from ..models.profile import (
     A2aCoef,
     DecodeCoef,
     Dtypes,
@@ -53,6 +52,7 @@ from .profile import (
     Provenance,
     Widths,
 )
+from .fit import fit_decode, fit_linear_latency, fit_moe, fit_prefill
 
 if TYPE_CHECKING:
     from ..models.spec import ModelSpec

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..errors import UserError
 from ..kernels.shapes import Kind, LayerShape
+from ..models.profile import Dtypes
 from ..models.spec import ModelSpec
-from .profile import Dtypes
 
 if TYPE_CHECKING:
     from ..kernels.backend import KernelBackend

@@ -25,13 +25,13 @@ import pandas as pd
 import simpy
 
 from ..models.cost import PoolShape, StepParams
+from ..models.profile import Profile
 from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_hardware, load_model
-from ..sim.decode import DecodeGroup
-from ..sim.prefill import PrefillInstance
-from ..sim.requests import RequestTable
+from ..sim.core.requests import RequestTable
+from ..sim.stages.decode import DecodeGroup
+from ..sim.stages.prefill import PrefillInstance
 from ..traces import RequestSource
-from .profile import Profile
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """ProfileStepCost: the StepCost of a calibrated profile (measured or derived).
 
 A profile holds, per model, per-layer fits for each attention kind plus the routed-expert and
-all-to-all models (see ``calibration/profile.py``); this class takes one model's coefficients on
+all-to-all models (see ``models/profile.py``); this class takes one model's coefficients on
 one hardware (``Profile.coefs(model, hw)``) and composes them over the model's layer counts
 once, at construction, into a handful of coefficients, so every call on the hot path is O(1):
 
@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration.profile import HardwareCoefs, gemm_cost
 from ..errors import ConfigError
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
+from .profile import HardwareCoefs, gemm_cost
 from .spec import ModelSpec
 
 

@@ -14,8 +14,8 @@
     render_report(["runs/grid/runs/" + pid for pid in table["point_id"][:2]], "compare.html")
 """
 
+from ..sim.results.report import render_report
 from .grid import GridPoint, GridSpec, expand, load_grid, point_id, read_grid
-from .report import render_report
 from .sweep import build_table, flatten, run_sweep
 
 __all__ = [

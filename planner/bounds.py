@@ -21,9 +21,9 @@ import numpy as np
 
 from ..models.registry import load_hardware, load_model
 from ..scenario import Scenario
-from ..sim.engine import decode_kv_capacity_tokens, make_step_cost
-from ..sim.offline import steady_throughput
+from ..sim.core.engine import decode_kv_capacity_tokens, make_step_cost
 from ..traces import RequestSource
+from .analysis.offline import steady_throughput
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import pandas as pd
 
 from ..errors import UserError
 from ..scenario import dump_scenario, load_scenario
-from ..sim.engine import simulate
+from ..sim.core.engine import simulate
 from .executors import Failed, WorkerPool
 from .grid import GridPoint, check_points
 

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from deepinfer_sim import load_scenario, simulate
-from deepinfer_sim.sim.metrics import round_floats
+from deepinfer_sim.sim.results.metrics import round_floats
 
 GOLDEN = Path(__file__).with_name("golden.json")
 

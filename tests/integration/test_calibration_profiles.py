@@ -20,7 +20,6 @@ import pandas as pd
 import pytest
 
 from deepinfer_sim.calibration.derive import derive
-from deepinfer_sim.calibration.profile import available_profiles, load_profile
 from deepinfer_sim.calibration.replay import recheck
 from deepinfer_sim.calibration.validate import (
     ReplayShape,
@@ -29,6 +28,7 @@ from deepinfer_sim.calibration.validate import (
     simulate_prefill,
 )
 from deepinfer_sim.errors import ConfigError
+from deepinfer_sim.models.profile import available_profiles, load_profile
 from deepinfer_sim.models.registry import load_model
 
 VALIDATION = Path(str(resources.files("deepinfer_sim.calibration"))) / "validation"

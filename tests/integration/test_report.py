@@ -25,18 +25,18 @@ from conftest import tiny_dict
 from deepinfer_sim.cli import main
 from deepinfer_sim.cli_plan import report
 from deepinfer_sim.errors import UserError
-from deepinfer_sim.planner import report_figures
-from deepinfer_sim.planner.report import load_run, render_report
-from deepinfer_sim.planner.report_figures import MAX_POINTS, PANELS, downsample
-from deepinfer_sim.planner.report_numbers import (
+from deepinfer_sim.scenario import scenario_from_dict
+from deepinfer_sim.sim.core.engine import simulate
+from deepinfer_sim.sim.results import report_figures
+from deepinfer_sim.sim.results.report import load_run, render_report
+from deepinfer_sim.sim.results.report_figures import MAX_POINTS, PANELS, downsample
+from deepinfer_sim.sim.results.report_numbers import (
     delta,
     fmt,
     headline,
     percent_number,
     same_offered_load,
 )
-from deepinfer_sim.scenario import scenario_from_dict
-from deepinfer_sim.sim.engine import simulate
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer_sim import simulate
-from deepinfer_sim.sim.ttl_sweep import ttl_sweep
+from deepinfer_sim.planner.analysis.ttl_sweep import ttl_sweep
 from deepinfer_sim.traces.workload import build_source
 
 STORE = {"pools.storage.nodes": 24}

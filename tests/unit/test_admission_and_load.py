@@ -30,7 +30,7 @@ from conftest import make_source, tiny_dict
 from deepinfer_sim import simulate
 from deepinfer_sim.errors import ConfigError
 from deepinfer_sim.scenario import scenario_from_dict
-from deepinfer_sim.sim.result import Result
+from deepinfer_sim.sim.results.result import Result
 
 PROMPT, OUTPUT = 8000, 50
 

@@ -23,7 +23,7 @@ from conftest import tiny_dict
 from deepinfer_sim import simulate
 from deepinfer_sim.errors import ConfigError
 from deepinfer_sim.scenario import scenario_from_dict
-from deepinfer_sim.sim.result import Result
+from deepinfer_sim.sim.results.result import Result
 
 DISTRIBUTIONS = ("ttft_s", "tpot_s", "itl_s", "itl_per_token_s", "e2e_s")
 DEFAULT_KEYS = ("p50", "p90", "p95", "p99", "p99.9")

@@ -27,7 +27,9 @@ from deepinfer_sim.calibration.fit import (
     kfold,
     moe_model,
 )
-from deepinfer_sim.calibration.profile import (
+from deepinfer_sim.errors import ConfigError, UserError
+from deepinfer_sim.models.cost import PoolShape
+from deepinfer_sim.models.profile import (
     A2aCoef,
     DecodeCoef,
     Dtypes,
@@ -40,8 +42,6 @@ from deepinfer_sim.calibration.profile import (
     load_profile,
     merge_profiles,
 )
-from deepinfer_sim.errors import ConfigError, UserError
-from deepinfer_sim.models.cost import PoolShape
 from deepinfer_sim.models.profile_cost import ProfileStepCost
 from deepinfer_sim.models.registry import load_hardware, load_model
 from deepinfer_sim.scenario import check_profile
@@ -331,7 +331,7 @@ def test_missing_hardware_is_named():
 
 
 def test_check_profile_accepts_the_models_fits_and_names_what_is_missing(tmp_path):
-    from deepinfer_sim.calibration.profile import write_profile
+    from deepinfer_sim.models.profile import write_profile
 
     path = tmp_path / "p.yaml"
     write_profile(make_profile(), path)
@@ -517,8 +517,8 @@ def test_sweep_builds_a_profile_judged_off_the_grid(tmp_path):
     """The whole pipeline — measure the quick grid and its off-grid shapes, fit on the grid,
     score off it, assemble, write, reload — yields per-model fits whose off-grid errors are near
     the injected noise, with the off-grid raw points kept."""
-    from deepinfer_sim.calibration.profile import write_profile
     from deepinfer_sim.calibration.sweep import Grid, build_profile, measure
+    from deepinfer_sim.models.profile import write_profile
 
     bench = SyntheticBench()
     grid = Grid.quick()

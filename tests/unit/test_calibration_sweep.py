@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 
-from deepinfer_sim.calibration.profile import Profile, load_profile, write_profile  # noqa: E402
 from deepinfer_sim.cli import main  # noqa: E402
 from deepinfer_sim.errors import ConfigError, UserError  # noqa: E402
 from deepinfer_sim.models.cost import PoolShape  # noqa: E402
+from deepinfer_sim.models.profile import Profile, load_profile, write_profile  # noqa: E402
 from deepinfer_sim.models.profile_cost import ProfileStepCost  # noqa: E402
 from deepinfer_sim.models.registry import load_hardware, load_model  # noqa: E402
 from deepinfer_sim.scenario import check_profile  # noqa: E402

@@ -12,9 +12,9 @@ import pytest
 
 from deepinfer_sim.calibration.fit import decode_coef_model
 from deepinfer_sim.calibration.kernel_table import decode_work, prefill_work, render
-from deepinfer_sim.calibration.profile import load_profile
 from deepinfer_sim.calibration.refit import carry_a2a, refit_engine, refit_kernels
 from deepinfer_sim.kernels.shapes import LayerShape
+from deepinfer_sim.models.profile import load_profile
 from deepinfer_sim.models.registry import load_model
 
 VALIDATION = Path(str(resources.files("deepinfer_sim.calibration"))) / "validation"

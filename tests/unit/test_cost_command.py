@@ -1,4 +1,4 @@
-"""Steady operating points of one pool (``sim/steady.py``) and ``deepinfer-sim cost``.
+"""Steady operating points of one pool (``planner/analysis/steady.py``) and ``deepinfer-sim cost``.
 
 A steady point asks the pool's StepCost one question — how long is a step when every rank carries
 this load — and reads throughput off the answer, with no simulation. These tests pin what a
@@ -19,9 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from deepinfer_sim.cli import main
-from deepinfer_sim.scenario import Acceptance, Scenario, load_scenario
-from deepinfer_sim.sim.speculative import ClassAcceptance, SpecDecoder
-from deepinfer_sim.sim.steady import (
+from deepinfer_sim.planner.analysis.steady import (
     SteadyPoint,
     decode_at_user_speed,
     decode_point,
@@ -30,6 +28,8 @@ from deepinfer_sim.sim.steady import (
     expected_accepted,
     prefill_point,
 )
+from deepinfer_sim.scenario import Acceptance, Scenario, load_scenario
+from deepinfer_sim.sim.policies.speculative import ClassAcceptance, SpecDecoder
 
 
 @pytest.fixture(scope="module")

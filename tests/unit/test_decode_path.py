@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from deepinfer_sim import simulate
-from deepinfer_sim.sim.balancer import TwoDimBalancer
-from deepinfer_sim.sim.engine import build_cluster
-from deepinfer_sim.sim.offline import steady_throughput
-from deepinfer_sim.sim.speculative import ClassAcceptance, SpecDecoder
+from deepinfer_sim.planner.analysis.offline import steady_throughput
+from deepinfer_sim.sim.core.engine import build_cluster
+from deepinfer_sim.sim.policies.balancer import TwoDimBalancer
+from deepinfer_sim.sim.policies.speculative import ClassAcceptance, SpecDecoder
 
 
 def decode_only(tiny, synthetic, inputs, outputs, **over):

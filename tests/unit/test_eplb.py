@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deepinfer_sim.sim.eplb import (
+from deepinfer_sim.sim.policies.eplb import (
     Placement,
     balanced_packing,
     match_ranks,

@@ -9,9 +9,9 @@ import pytest
 
 from deepinfer_sim.models.registry import load_model
 from deepinfer_sim.scenario import EplbPool, ExpertLoad
-from deepinfer_sim.sim.eplb import rebalance, static_placement
-from deepinfer_sim.sim.expert_load import ExpertLoadModel, rank_moments
-from deepinfer_sim.sim.expert_parallel import GroupExperts, GroupShape
+from deepinfer_sim.sim.policies.eplb import rebalance, static_placement
+from deepinfer_sim.sim.stages.expert_load import ExpertLoadModel, rank_moments
+from deepinfer_sim.sim.stages.expert_parallel import GroupExperts, GroupShape
 
 MODEL = load_model("deepseek-v4-flash")  # its first 3 MoE layers are hash-routed
 CLASSES = ("chatbot", "coding")
@@ -255,8 +255,8 @@ def test_same_seed_same_factors() -> None:
 
 
 def test_operating_point_comes_from_the_eplb_benchmark_config() -> None:
+    from deepinfer_sim.planner.analysis.eplb_analysis import operating_point
     from deepinfer_sim.scenario import load_scenario
-    from deepinfer_sim.sim.eplb_analysis import operating_point
 
     sc = load_scenario("default", ["policies.eplb.benchmark.prefill_requests_per_rank=3"])
     assert operating_point(sc, "prefill", 4) == (3, 8192.0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deepinfer_sim.scenario import StoragePool
-from deepinfer_sim.sim.kvstore import KvStore
+from deepinfer_sim.sim.stages.kvstore import KvStore
 
 CLASSES = ("chatbot", "agent")
 BLOCK = 1e6  # bytes per block

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import simpy
 
-from deepinfer_sim.sim.network import Link
+from deepinfer_sim.sim.core.network import Link
 
 
 def run_link(plan, bandwidth=100.0, latency=0.0, events=()):

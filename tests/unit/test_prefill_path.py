@@ -14,11 +14,11 @@ import pytest
 
 from deepinfer_sim import simulate
 from deepinfer_sim.errors import ConfigError
-from deepinfer_sim.sim.chunking import chunk_time, largest_chunk
-from deepinfer_sim.sim.engine import build_cluster
-from deepinfer_sim.sim.prefix_cache import MemoryPrefixStore
-from deepinfer_sim.sim.router import apportion
-from deepinfer_sim.sim.swa import SwaDirectory, SwaLookup
+from deepinfer_sim.sim.core.engine import build_cluster
+from deepinfer_sim.sim.policies.chunking import chunk_time, largest_chunk
+from deepinfer_sim.sim.policies.router import apportion
+from deepinfer_sim.sim.stages.prefix_cache import MemoryPrefixStore
+from deepinfer_sim.sim.stages.swa import SwaDirectory, SwaLookup
 from deepinfer_sim.traces import RequestSource
 
 # ---- chunk solver --------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def test_tiered_router_reassigns_instances_each_round(tiny, synthetic):
     res = simulate(sc, source=src)
     assert res.summary["requests"]["completed"] == 80
     # re-run to inspect the router's history (simulate builds its own cluster)
-    from deepinfer_sim.sim import engine
+    from deepinfer_sim.sim.core import engine
 
     cl2 = engine.build_cluster(sc, src)
     cl2.env.run(until=12.0)

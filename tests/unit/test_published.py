@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from deepinfer_sim.cli import main
-from deepinfer_sim.sim.published import case_files, run_cases
+from deepinfer_sim.planner.analysis.published import case_files, run_cases
 
 CASES = {
     "deepseek-v3-profile-h800": 2,

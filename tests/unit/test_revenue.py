@@ -16,7 +16,7 @@ from deepinfer_sim import load_scenario, simulate
 from deepinfer_sim.cli import main
 from deepinfer_sim.errors import ConfigError, ConfigWarning
 from deepinfer_sim.scenario import Revenue, scenario_from_dict
-from deepinfer_sim.sim.revenue import TokenRates, revenue
+from deepinfer_sim.sim.results.revenue import TokenRates, revenue
 
 SMALL = ["workload.max_requests=150", "sim.progress=false"]
 

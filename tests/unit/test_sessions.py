@@ -18,7 +18,7 @@ import pytest
 from conftest import assert_same_source
 from pydantic import ValidationError
 
-from deepinfer_sim.sim.ttl_sweep import ALL, ttl_sweep
+from deepinfer_sim.planner.analysis.ttl_sweep import ALL, ttl_sweep
 from deepinfer_sim.traces import RequestSource
 from deepinfer_sim.traces.sessions import (
     DEFAULT_AGENT,

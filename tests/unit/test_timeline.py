@@ -22,8 +22,8 @@ from click.testing import CliRunner
 
 from deepinfer_sim.cli import main
 from deepinfer_sim.scenario import load_scenario
-from deepinfer_sim.sim.engine import simulate
-from deepinfer_sim.sim.timeline import (
+from deepinfer_sim.sim.core.engine import simulate
+from deepinfer_sim.sim.results.timeline import (
     PID_DECODE,
     PID_STORAGE,
     TimelineOptions,
@@ -157,7 +157,7 @@ def test_window_sampling_and_cap_bound_the_file(in_memory):
 
 
 def sources_from_frame_and_steps(result, sc):
-    from deepinfer_sim.sim.timeline import TimelineSources
+    from deepinfer_sim.sim.results.timeline import TimelineSources
 
     return TimelineSources(
         requests=result.requests,

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deepinfer_sim.sim.ttl_sweep import ALL, plot_ttl_sweep, reuse_gaps, ttl_sweep
+from deepinfer_sim.planner.analysis.ttl_sweep import ALL, plot_ttl_sweep, reuse_gaps, ttl_sweep
 from deepinfer_sim.traces import RequestSource, read_trace
 
 BT = 16  # small blocks keep synthetic prompts short

@@ -7,7 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from deepinfer_sim.calibration.profile import (
+from deepinfer_sim.calibration.validate import (
+    ReplayShape,
+    errors,
+    simulate_decode,
+    simulate_prefill,
+)
+from deepinfer_sim.models.profile import (
     A2aCoef,
     DecodeCoef,
     HardwareCoefs,
@@ -15,12 +21,6 @@ from deepinfer_sim.calibration.profile import (
     PrefillCoef,
     Profile,
     Provenance,
-)
-from deepinfer_sim.calibration.validate import (
-    ReplayShape,
-    errors,
-    simulate_decode,
-    simulate_prefill,
 )
 
 

@@ -1,0 +1,169 @@
+"""Expert imbalance without a cluster run: replay a stream of steps through one EP group.
+
+A :class:`StepStream` is what an EP group reports each step (time, routed tokens per class and
+layer set, per-request square sums). It comes from a cluster run (``GroupExperts.trace``) or is
+made up (:func:`steady_stream`: every step the same requests of the same size). ``analyze`` runs
+one group's EPLB (or static placement) over it with the scenario's expert-load model and
+returns the imbalance it leaves; ``deepinfer-sim eplb`` prints that beside the static baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...models.registry import load_hardware, load_model
+from ...rng import stream
+from ...scenario import EplbPool, ExpertLoad, Scenario
+from ...sim.core.engine import make_step_cost
+from ...sim.results.metrics import dist_stats
+from ...sim.stages.expert_load import ExpertLoadModel
+from ...sim.stages.expert_parallel import (
+    GroupExperts,
+    GroupShape,
+    Pool,
+    group_shape,
+    pool_layer_sets,
+)
+from .offline import steady_throughput
+
+
+@dataclass(frozen=True)
+class StepStream:
+    t_s: np.ndarray  # (N,) step start times
+    tokens: np.ndarray  # (N, C, sets) routed tokens per class and layer set
+    sq_tokens: np.ndarray  # (N, C, sets) Σ over requests of their tokens squared
+
+    @classmethod
+    def from_trace(cls, trace: list[tuple[float, np.ndarray, np.ndarray]]) -> StepStream:
+        return cls(
+            np.array([t for t, _, _ in trace]),
+            np.stack([tok for _, tok, _ in trace]),
+            np.stack([sq for _, _, sq in trace]),
+        )
+
+    def __len__(self) -> int:
+        return self.t_s.size
+
+
+def steady_stream(
+    steps: int, step_s: float, requests: int, tokens_per_request: float, sets: int = 1
+) -> StepStream:
+    """Every step runs ``requests`` requests (decode sequences or prefill chunks) of
+    ``tokens_per_request`` routed tokens each, through the first layer set."""
+    tokens = np.zeros((steps, 1, sets))
+    sq = np.zeros((steps, 1, sets))
+    tokens[:, 0, 0] = requests * tokens_per_request
+    sq[:, 0, 0] = requests * tokens_per_request**2
+    return StepStream(np.arange(steps) * step_s, tokens, sq)
+
+
+def analyze(
+    sc: Scenario,
+    load: ExpertLoad,
+    policy: EplbPool,
+    shape: GroupShape,
+    streams: list[StepStream],
+    classes: tuple[str, ...] = ("default",),
+) -> dict[str, Any]:
+    """Run one EP group per stream (one shared load model, as in a cluster) and pool them."""
+    model = ExpertLoadModel(load, load_model(sc.model), classes, sc.seed)
+    groups = []
+    for i, s in enumerate(streams):
+        g = GroupExperts(model, policy, shape, stream(sc.seed, f"experts/analysis/{i}"))
+        groups.append((g, s))
+    # interleave the groups' steps in time, as the event loop would
+    order = sorted(
+        (float(s.t_s[j]), gi, j) for gi, (_, s) in enumerate(groups) for j in range(len(s))
+    )
+    for t, gi, j in order:
+        g, s = groups[gi]
+        g.step(t, s.tokens[j], s.sq_tokens[j])
+    factors = np.concatenate([np.asarray(g.factors) for g, _ in groups])
+    return {
+        "policy": policy.policy,
+        "ep": shape.ranks,
+        "redundant_experts_per_gpu": shape.redundant_per_rank,
+        "window_steps": policy.window_steps,
+        "period_steps": policy.period_steps,
+        "steps": int(factors.size),
+        "imbalance": dist_stats(factors),
+        "rebalances": sum(g.rebalances for g, _ in groups),
+        "moved_bytes": sum(g.moved_bytes for g, _ in groups),
+        "stall_s": sum(g.stall_total_s for g, _ in groups),
+    }
+
+
+def benchmark_step_s(
+    sc: Scenario, pool: Pool, ep: int, redundant: int, requests: int, tokens: float
+) -> float:
+    """The cost model's time for one benchmark step: ``requests`` per rank of ``tokens`` each
+    (prefill: new prompts; decode: sequences at the benchmark's context verifying ``tokens``)."""
+    model = load_model(sc.model)
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    cost = make_step_cost(sc, pool, model, load_hardware(cfg.hardware), ep, redundant)
+    if pool == "prefill":
+        return cost.prefill_step([[(int(tokens), 0)] * requests] * ep)
+    batch = np.full(ep, float(requests))
+    context = sc.policies.eplb.benchmark.decode_context_tokens
+    return cost.decode_step(batch, batch * context, tokens)
+
+
+def operating_point(
+    sc: Scenario,
+    pool: Pool,
+    ep: int,
+    requests_per_rank: int | None = None,
+    tokens_per_request: float | None = None,
+) -> tuple[int, float]:
+    """(requests per rank, routed tokens per request) of the benchmark step at EP ``ep``: what is
+    given, else the scenario's ``policies.eplb.benchmark`` point, where a decode sequence computes
+    its token plus the drafts DSpark verifies at that concurrency (``steady_throughput``)."""
+    bench = sc.policies.eplb.benchmark
+    if pool == "prefill":
+        requests = requests_per_rank or bench.prefill_requests_per_rank
+        return requests, tokens_per_request or float(bench.prefill_tokens_per_request)
+    requests = requests_per_rank or bench.decode_requests_per_rank
+    if tokens_per_request is not None:
+        return requests, tokens_per_request
+    decode = sc.pools.decode.model_copy(update={"ep": ep})
+    at = sc.model_copy(update={"pools": sc.pools.model_copy(update={"decode": decode})})
+    run = steady_throughput(at, requests, context=bench.decode_context_tokens, steps=200, warmup=20)
+    return requests, 1.0 + run.verify_tokens_per_seq_step
+
+
+def benchmark_point(
+    sc: Scenario,
+    pool: Pool,
+    ep: int,
+    redundant: int,
+    requests_per_rank: int,
+    tokens_per_request: float,
+    steps: int | None = None,
+    step_s: float | None = None,
+    load: ExpertLoad | None = None,
+) -> dict[str, Any]:
+    """EPLB (the scenario's policy for the pool) and static placement side by side at a steady
+    operating point: every rank runs ``requests_per_rank`` requests of ``tokens_per_request``
+    routed tokens per step, for ``steps`` steps (default three re-assignment periods)."""
+    policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
+    load = load or sc.policies.eplb.load
+    steps = steps or 3 * policy.period_steps
+    if step_s is None:
+        step_s = benchmark_step_s(sc, pool, ep, redundant, requests_per_rank, tokens_per_request)
+    sets = int(pool_layer_sets(sc, pool).max()) + 1
+    s = steady_stream(steps, step_s, requests_per_rank * ep, tokens_per_request, sets)
+    shape = group_shape(sc, pool, ep, redundant)
+    static = policy.model_copy(update={"policy": "static"})
+    return {
+        "pool": pool,
+        "ep": ep,
+        "redundant_experts_per_gpu": redundant,
+        "requests_per_rank": requests_per_rank,
+        "tokens_per_request": tokens_per_request,
+        "step_s": step_s,
+        "eplb": analyze(sc, load, policy, shape, [s]),
+        "static": analyze(sc, load, static, shape, [s]),
+    }

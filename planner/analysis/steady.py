@@ -1,0 +1,337 @@
+"""Steady-state operating points of one pool, straight from its StepCost: no simulation.
+
+A decode point puts the same load on every rank of one Wide-EP group — ``batch_per_gpu``
+sequences at ``context`` tokens, each computing ``verify`` tokens and emitting ``accept`` tokens a
+step — and asks the pool's StepCost for the step time and where it goes
+(:meth:`StepCost.decode_breakdown`). A prefill point fills every DP rank of one prefill instance
+with ``tokens_per_gpu`` new tokens as whole prompts with no cached prefix
+(:meth:`StepCost.prefill_breakdown`). Both are a handful of closed-form evaluations, so a curve of
+them (``deepinfer-sim cost``, :func:`decode_at_user_speed`'s bisection) costs milliseconds.
+
+What the point leaves out, against a cluster run: queueing, ragged batches and contexts, the
+scheduler's choices (dspark's per-sequence verify lengths), and live expert imbalance — the
+step uses the scenario's constant ``policies.expert_imbalance`` factor for the pool even when
+``policies.eplb.imbalance`` is ``live``.
+
+Default speculative numbers follow the simulator (``sim/policies/speculative.py``): a sequence
+computes 1 + v tokens a step (v drafts verified: 0 for ``none``, 1 for ``mtp1``, ``fixed_k`` for
+``fixed``, the draft count for ``dspark``; v never exceeds the scenario's and the model's draft
+limit) and emits 1 + the drafts accepted before the first rejection. With easiness
+α ~ Beta(m·κ, (1 − m)·κ) and draft j accepted with probability α·decay^(j−1) given the earlier
+ones were, draft j survives with probability α^j·decay^(j(j−1)/2), so
+
+    E[emitted] = 1 + Σ_{j=1..v} E[α^j]·decay^(j(j−1)/2),   E[α^j] = Π_{r<j} (m·κ + r) / (κ + r)
+
+— exact, no sampling. A fractional v (a mix of ⌊v⌋ and ⌈v⌉ drafts) interpolates the last term.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from ...errors import UserError
+from ...models.cost import Chunk, StepBreakdown, StepCost
+from ...models.hardware import HardwareSpec
+from ...models.registry import load_hardware, load_model
+from ...models.spec import ModelSpec
+from ...scenario import Acceptance, DecodePool, PrefillPool, Scenario
+from ...sim.core.engine import check_prefill_fits, decode_kv_capacity_tokens, make_step_cost
+
+__all__ = [
+    "SteadyPoint",
+    "decode_at_user_speed",
+    "decode_point",
+    "default_accept",
+    "default_verify",
+    "expected_accepted",
+    "prefill_point",
+]
+
+PoolName = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class SteadyPoint:
+    """One pool at one steady load. Throughputs are in output tokens (decode) or prompt tokens
+    computed (prefill). ``breakdown`` maps each component to seconds (``StepBreakdown.as_dict``,
+    plus ``speculative`` for decode); every component but ``a2a_hidden`` (all-to-all hidden
+    behind compute) adds up to ``step_s``. Fields of the other pool's inputs are None (and left
+    out of :meth:`as_dict`)."""
+
+    pool: PoolName
+    cost_model: str  # "roofline" or the calibration profile's name
+    hardware: str
+    ep: int
+    gpus_per_node: int
+    step_s: float
+    breakdown: dict[str, float]
+    tokens_per_s_per_gpu: float
+    tokens_per_s_per_user: float
+    tokens_per_s_per_node: float
+    imbalance: float  # the constant expert-imbalance factor the step was costed with
+    # decode inputs
+    batch_per_gpu: float | None = None
+    context: int | None = None
+    verify: float | None = None  # tokens computed per sequence-step (1 + drafts verified)
+    accept: float | None = None  # tokens emitted per sequence-step
+    kv_tokens_per_gpu: float | None = None  # KV (plus SWA slots, in KV-token units) held
+    kv_capacity_tokens_per_gpu: float | None = None  # what a decode rank can hold
+    # prefill inputs
+    tokens_per_gpu: int | None = None
+    prompt: int | None = None
+    # decode_at_user_speed only
+    user_tok_s: float | None = None  # the speed asked for
+    meets_speed: bool | None = None
+
+    @property
+    def kv_fits(self) -> bool | None:
+        if self.kv_tokens_per_gpu is None or self.kv_capacity_tokens_per_gpu is None:
+            return None
+        return self.kv_tokens_per_gpu <= self.kv_capacity_tokens_per_gpu
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        if self.kv_fits is not None:
+            out["kv_fits"] = self.kv_fits
+        return out
+
+
+# ---- the pool's cost model -----------------------------------------------------------------
+
+
+def _redundant(cfg: PrefillPool | DecodePool) -> float:
+    """Redundant experts per GPU the pool's StepCost is built for (the one place that reads it)."""
+    return cfg.redundant_per_gpu
+
+
+def _pool_cost(sc: Scenario, pool: PoolName) -> tuple[StepCost, ModelSpec, HardwareSpec, str]:
+    """(StepCost, model, hardware, cost-model name) of the pool, built as a cluster run does."""
+    cfg: PrefillPool | DecodePool = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    model = load_model(sc.model)
+    hw = load_hardware(cfg.hardware)
+    cost = make_step_cost(sc, pool, model, hw, cfg.ep, _redundant(cfg))
+    ref = sc.cost_model.for_pool(pool)
+    if ref != "roofline":
+        from ...models.profile import load_profile
+
+        ref = load_profile(ref).name
+    return cost, model, hw, ref
+
+
+# ---- speculative defaults --------------------------------------------------------------------
+
+
+def _draft_limit(sc: Scenario, model: ModelSpec) -> int:
+    """Drafts proposed per step, as ``make_spec_decoder`` caps them."""
+    spec = sc.policies.speculative
+    return min(spec.max_draft_tokens, model.draft.max_draft_tokens or spec.max_draft_tokens)
+
+
+def default_verify(sc: Scenario, model: ModelSpec | None = None) -> float:
+    """Tokens a sequence computes per step under the scenario's speculative policy: 1 for
+    ``none``, 2 for ``mtp1``, 1 + ``fixed_k`` for ``fixed`` and 1 + the draft count for ``dspark``
+    (both capped at the draft limit). dspark's mean verify length depends on its confidence
+    cut-off at run time and is not known offline; the full draft length is its upper bound."""
+    spec = sc.policies.speculative
+    if spec.policy == "none":
+        return 1.0
+    if spec.policy == "mtp1":
+        return 2.0
+    draft = _draft_limit(sc, model or load_model(sc.model))
+    if spec.policy == "fixed":
+        return 1.0 + min(spec.fixed_k, draft)
+    return 1.0 + draft
+
+
+def expected_accepted(acc: Acceptance, drafts: float) -> float:
+    """Expected tokens one sequence emits per step when it verifies ``drafts`` draft tokens
+    (the bonus token plus the leading accepted drafts), exactly, under the acceptance model."""
+    a = acc.mean * acc.concentration
+    total = 1.0
+    moment = 1.0  # E[α^j]
+    for j in range(1, math.ceil(drafts) + 1):
+        moment *= (a + j - 1) / (acc.concentration + j - 1)
+        survive = moment * acc.position_decay ** (j * (j - 1) / 2)
+        total += survive * min(1.0, drafts - (j - 1))
+    return total
+
+
+def default_accept(sc: Scenario, verify: float) -> float:
+    """Expected tokens emitted per sequence-step at ``verify`` tokens computed (1 when nothing
+    is verified, e.g. under ``none``), under the acceptance model of the workload's
+    ``traffic_class`` override, else of the ``default`` class."""
+    spec = sc.policies.speculative
+    return expected_accepted(spec.for_class(sc.workload.traffic_class or "default"), verify - 1)
+
+
+# ---- operating points ----------------------------------------------------------------------
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0 or not math.isfinite(value):
+        raise UserError(f"{name} must be a positive number, got {value}")
+
+
+def _decode(
+    sc: Scenario,
+    parts: tuple[StepCost, ModelSpec, HardwareSpec, str],
+    batch: float,
+    context: int,
+    verify: float,
+    accept: float,
+) -> SteadyPoint:
+    cost, model, hw, name = parts
+    ep = cost.shape.ep
+    imbalance = sc.policies.expert_imbalance.decode
+    bd: StepBreakdown = cost.decode_breakdown(
+        np.full(ep, float(batch)), np.full(ep, float(batch) * context), verify, imbalance
+    )
+    breakdown = bd.as_dict()
+    spec = sc.policies.speculative
+    # the simulator adds dspark's confidence head and scheduling time to every decode step
+    breakdown["speculative"] = spec.overhead_s if spec.policy == "dspark" else 0.0
+    step = bd.step_s + breakdown["speculative"]
+    seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
+    return SteadyPoint(
+        pool="decode",
+        cost_model=name,
+        hardware=hw.name,
+        ep=ep,
+        gpus_per_node=hw.gpus_per_node,
+        step_s=step,
+        breakdown=breakdown,
+        imbalance=imbalance,
+        batch_per_gpu=float(batch),
+        context=context,
+        verify=verify,
+        accept=accept,
+        kv_tokens_per_gpu=batch * (context + seq_overhead),
+        kv_capacity_tokens_per_gpu=decode_kv_capacity_tokens(sc, model, hw),
+        tokens_per_s_per_gpu=batch * accept / step,
+        tokens_per_s_per_user=accept / step,
+        tokens_per_s_per_node=batch * accept / step * hw.gpus_per_node,
+    )
+
+
+def _decode_inputs(
+    sc: Scenario, model: ModelSpec, context: int, verify: float | None, accept: float | None
+) -> tuple[float, float]:
+    if context < 0:
+        raise UserError(f"context must be ≥ 0 tokens, got {context}")
+    v = default_verify(sc, model) if verify is None else float(verify)
+    if not v >= 1 or not math.isfinite(v):
+        raise UserError(f"verify must be ≥ 1 token per sequence-step, got {verify}")
+    a = default_accept(sc, v) if accept is None else float(accept)
+    if not 1 <= a <= v:
+        raise UserError(
+            f"accept must lie between 1 and verify ({v:g}) tokens per sequence-step, got {a:g}"
+        )
+    return v, a
+
+
+def decode_point(
+    sc: Scenario,
+    batch_per_gpu: float,
+    context: int,
+    verify: float | None = None,
+    accept: float | None = None,
+) -> SteadyPoint:
+    """Every rank of the scenario's decode group holds ``batch_per_gpu`` sequences of ``context``
+    tokens; each computes ``verify`` tokens and emits ``accept`` tokens per step (defaults:
+    :func:`default_verify`, :func:`default_accept`). Per-GPU throughput = batch·accept / step,
+    per user = accept / step. dspark's per-step overhead is part of the step (``speculative``)."""
+    _positive("batch_per_gpu", batch_per_gpu)
+    parts = _pool_cost(sc, "decode")
+    v, a = _decode_inputs(sc, parts[1], context, verify, accept)
+    return _decode(sc, parts, batch_per_gpu, context, v, a)
+
+
+def decode_at_user_speed(
+    sc: Scenario,
+    context: int,
+    user_tok_s: float,
+    verify: float | None = None,
+    accept: float | None = None,
+    max_batch: int = 1024,
+) -> SteadyPoint:
+    """The largest whole batch per GPU (1 … ``max_batch``) at which each user still gets
+    ``user_tok_s`` tokens per second, by bisection (per-user speed falls as the batch grows).
+    If even one sequence per GPU is slower, that point comes back with ``meets_speed=False``.
+    Neither HBM nor ``max_seqs_per_rank`` bounds the search; the point reports its KV use."""
+    _positive("user_tok_s", user_tok_s)
+    if max_batch < 1:
+        raise UserError(f"max_batch must be ≥ 1, got {max_batch}")
+    parts = _pool_cost(sc, "decode")
+    v, a = _decode_inputs(sc, parts[1], context, verify, accept)
+
+    def at(batch: int) -> SteadyPoint:
+        return _decode(sc, parts, batch, context, v, a)
+
+    lo = at(1)
+    if lo.tokens_per_s_per_user < user_tok_s:
+        best, meets = lo, False
+    else:
+        best, meets = lo, True
+        hi = at(max_batch)
+        if hi.tokens_per_s_per_user >= user_tok_s:
+            best = hi
+        else:  # invariant: batch lo_b meets the speed, hi_b does not
+            lo_b, hi_b = 1, max_batch
+            while hi_b - lo_b > 1:
+                mid = (lo_b + hi_b) // 2
+                p = at(mid)
+                if p.tokens_per_s_per_user >= user_tok_s:
+                    lo_b, best = mid, p
+                else:
+                    hi_b = mid
+    return replace(best, user_tok_s=float(user_tok_s), meets_speed=meets)
+
+
+def prefill_chunks(tokens_per_gpu: int, prompt: int, cached: int = 0) -> list[Chunk]:
+    """One rank's chunks: whole prompts of ``prompt`` new tokens, each after ``cached`` prefix
+    tokens found in the cache; when ``tokens_per_gpu`` is not a multiple of ``prompt``, the
+    last is a partial prompt (after the same prefix)."""
+    whole, rest = divmod(tokens_per_gpu, prompt)
+    return [(prompt, cached)] * whole + ([(rest, cached)] if rest else [])
+
+
+def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 0) -> SteadyPoint:
+    """Every DP rank of one prefill instance computes ``tokens_per_gpu`` new tokens per step as
+    whole prompts of ``prompt`` new tokens, each after ``cached`` tokens of cached prefix (0: no
+    cache hit; the remainder, if any, as one partial prompt). Per-GPU throughput =
+    tokens_per_gpu / step (computed tokens); per user = prompt / step, the rate at which one
+    prompt is computed (it finishes within the step)."""
+    if tokens_per_gpu < 1:
+        raise UserError(f"tokens_per_gpu must be ≥ 1, got {tokens_per_gpu}")
+    if prompt < 1:
+        raise UserError(f"prompt must be ≥ 1 token, got {prompt}")
+    if prompt > tokens_per_gpu:
+        raise UserError(
+            f"prompt ({prompt:,} tokens) must not exceed tokens_per_gpu ({tokens_per_gpu:,}): "
+            "a prefill point computes whole prompts in one step"
+        )
+    cost, model, hw, name = _pool_cost(sc, "prefill")
+    check_prefill_fits(sc, model, hw)
+    ep = cost.shape.ep
+    imbalance = sc.policies.expert_imbalance.prefill
+    chunks = prefill_chunks(tokens_per_gpu, prompt, cached)
+    bd = cost.prefill_breakdown([chunks] * ep, imbalance)
+    return SteadyPoint(
+        pool="prefill",
+        cost_model=name,
+        hardware=hw.name,
+        ep=ep,
+        gpus_per_node=hw.gpus_per_node,
+        step_s=bd.step_s,
+        breakdown=bd.as_dict(),
+        imbalance=imbalance,
+        tokens_per_gpu=tokens_per_gpu,
+        prompt=prompt,
+        tokens_per_s_per_gpu=tokens_per_gpu / bd.step_s,
+        tokens_per_s_per_user=prompt / bd.step_s,
+        tokens_per_s_per_node=tokens_per_gpu / bd.step_s * hw.gpus_per_node,
+    )

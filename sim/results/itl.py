@@ -1,0 +1,129 @@
+"""Inter-token latencies, rebuilt exactly after the run from per-step records.
+
+ITL here is measured **per decode step**, the way ``vllm bench serve`` measures it per streamed
+chunk: a decode group steps all its sequences together, and everything a sequence emits in one
+step (one token, or under speculative decoding every accepted draft plus the bonus token) arrives
+at the step's end, one step duration after its previous step's tokens. Only a sequence's first
+step has its own gap (from the first token, delivered with the KV hand-off, to the end of that
+step). From each group's step table and each request's first/last step we get the per-step ITL
+distribution (step durations weighted by the sequences that stepped, plus the first gaps) and
+each request's largest ITL (a range-maximum query over the step durations). Percentiles of these
+weighted samples are the weighted inverse CDF (the smallest value whose cumulative weight
+reaches p %), not numpy's interpolation.
+
+The per-token ITL (``itl_per_token_s``) divides each gap by the tokens a sequence emitted in
+that step and counts it once per token. A group records the tokens all its sequences emitted in
+a step, not each sequence's share, so a step's gap is divided by the step's mean tokens per
+sequence: the mean per-token ITL is exact, its spread under speculative decoding is narrowed to
+the steps' means. Without speculative decoding both distributions are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .metrics import REQUIRED_PERCENTILES, latency_percentiles, pct_key
+
+if TYPE_CHECKING:
+    from ..core.requests import RequestTable
+    from ..stages.decode import DecodeGroup
+
+
+def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i] : hi[i] + 1]) for each i (lo <= hi), via a sparse table."""
+    if lo.size == 0:
+        return np.zeros(0)
+    levels = [values]
+    width = 1
+    while 2 * width <= values.size:
+        prev = levels[-1]
+        levels.append(np.maximum(prev[:-width], prev[width:]))
+        width *= 2
+    span = hi - lo + 1
+    j = np.floor(np.log2(span)).astype(np.int64)
+    out = np.empty(lo.size)
+    for level in np.unique(j):
+        sel = j == level
+        table = levels[level]
+        out[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << level) + 1])
+    return out
+
+
+def weighted_stats(
+    values: np.ndarray, weights: np.ndarray, percentiles: Sequence[float] = REQUIRED_PERCENTILES
+) -> dict[str, float]:
+    """mean, std, min, max and percentiles of ``values`` each counted ``weights`` times (the
+    keys of :func:`~deepinfer_sim.sim.results.metrics.bench_stats`; NaN when no weight is
+    positive)."""
+    keep = weights > 0
+    values, weights = values[keep], weights[keep]
+    keys = [pct_key(p) for p in percentiles]
+    if values.size == 0:
+        return dict.fromkeys(["mean", "std", "min", "max", *keys], float("nan"))
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order].astype(float)
+    cum = np.cumsum(w)
+    total = cum[-1]
+    mean = float((v * w).sum() / total)
+    out = {"mean": mean, "std": float(np.sqrt((w * (v - mean) ** 2).sum() / total))}
+    out["min"], out["max"] = float(v[0]), float(v[-1])
+    for p, key in zip(percentiles, keys, strict=True):
+        out[key] = float(v[min(np.searchsorted(cum, p / 100 * total), v.size - 1)])
+    return out
+
+
+def itl_summary(
+    table: RequestTable,
+    groups: Sequence[DecodeGroup],
+    percentiles: Sequence[float] = REQUIRED_PERCENTILES,
+) -> tuple[dict[str, dict[str, float]], np.ndarray]:
+    """({"itl_s": per-step ITL stats, "itl_per_token_s": per-token ITL stats}, per-request
+    largest per-step ITL with NaN where there was none). p50, p90 and p99 are always added to
+    ``percentiles``."""
+    percentiles = latency_percentiles(percentiles)
+    max_itl = np.full(table.n, np.nan)
+    values: list[np.ndarray] = []
+    weights: list[np.ndarray] = []
+    tok_values: list[np.ndarray] = []
+    tok_weights: list[np.ndarray] = []
+    for g in groups:
+        end, dt, n, new = g.step_table()
+        if dt.size == 0:
+            continue
+        # tokens a sequence emitted in each step, on average over the step's sequences
+        per_seq = np.asarray(g.step_tokens, dtype=float) / np.maximum(n, 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tok_dt = dt / per_seq
+        values.append(dt)
+        weights.append(n - new)
+        tok_values.append(tok_dt)
+        tok_weights.append((n - new) * per_seq)
+        rids = np.flatnonzero((table.decode_group == g.idx) & (table.decode_first_step >= 0))
+        k0 = table.decode_first_step[rids]
+        stepped = k0 < dt.size
+        rids, k0 = rids[stepped], k0[stepped]
+        first_gap = end[k0] - table.t_transfer_end[rids]
+        values.append(first_gap)
+        weights.append(np.ones(first_gap.size, dtype=np.int64))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tok_values.append(first_gap / per_seq[k0])
+        tok_weights.append(per_seq[k0])
+        k1 = table.decode_last_step[rids]
+        finished = k1 >= 0
+        worst = first_gap.copy()
+        later = finished & (k1 > k0)
+        worst[later] = np.maximum(worst[later], range_max(dt, k0[later] + 1, k1[later]))
+        max_itl[rids[finished]] = worst[finished]
+    if not values:
+        empty = weighted_stats(np.zeros(0), np.zeros(0), percentiles)
+        return {"itl_s": empty, "itl_per_token_s": dict(empty)}, max_itl
+    stats = {
+        "itl_s": weighted_stats(np.concatenate(values), np.concatenate(weights), percentiles),
+        "itl_per_token_s": weighted_stats(
+            np.concatenate(tok_values), np.concatenate(tok_weights), percentiles
+        ),
+    }
+    return stats, max_itl

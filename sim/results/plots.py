@@ -1,0 +1,90 @@
+"""PNG plots of one run: latency CDFs (with the SLOs as dashed lines), throughput, queue depths
+and busy fraction over time (downsampled, ``sim/results/downsample.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .downsample import downsample
+
+if TYPE_CHECKING:
+    from .result import Result
+
+
+def _cdf(ax, values, label: str) -> None:
+    v = np.sort(np.asarray(values, dtype=float))
+    v = v[np.isfinite(v)]
+    if v.size:
+        ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
+
+
+def _line(ax, ts, col: str, label: str) -> None:
+    b = downsample(ts["t_s"], ts[col])
+    ax.plot(b.t, b.mean, label=label)
+
+
+def write_plots(result: Result, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    req, ts = result.requests, result.timeseries
+    slo = result.scenario.slo
+    paths: list[Path] = []
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for ax, col, title, limit in zip(
+        axes,
+        ("ttft_s", "tpot_s", "e2e_s"),
+        ("TTFT", "TPOT", "E2E latency"),
+        (slo.ttft_s, slo.tpot_s, slo.e2e_s),
+        strict=True,
+    ):
+        for cls in req["traffic_class"].cat.categories:
+            sel = req.loc[req["traffic_class"] == cls, col]
+            _cdf(ax, sel, str(cls))
+        _cdf(ax, req[col], "all")
+        if limit is not None:
+            ax.axvline(
+                limit, color="#b3261e", linestyle="--", linewidth=1.2, label=f"SLO {limit} s"
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{title} (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result.scenario.name}: latency CDFs")
+    fig.tight_layout()
+    paths.append(folder / "latency_cdf.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    if not ts.empty:
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+        _line(axes[0], ts, "output_tok_per_s", "output tok/s")
+        _line(axes[0], ts, "prefill_tok_per_s", "prefill tok/s")
+        axes[0].set_yscale("symlog")
+        axes[0].set_title("throughput")
+        _line(axes[1], ts, "prefill_queue", "prefill queue")
+        _line(axes[1], ts, "transfers_in_flight", "transfers in flight")
+        _line(axes[1], ts, "decode_waiting", "decode waiting")
+        _line(axes[1], ts, "decode_running", "decode running")
+        axes[1].set_title("requests by stage")
+        _line(axes[2], ts, "prefill_util", "prefill busy")
+        _line(axes[2], ts, "decode_util", "decode busy")
+        _line(axes[2], ts, "decode_kv_reserved_frac", "decode KV reserved")
+        axes[2].set_ylim(0, 1.05)
+        axes[2].set_title("busy fraction and KV occupancy")
+        for ax in axes:
+            ax.set_xlabel("simulated time (s)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(folder / "timeseries.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths

@@ -1,0 +1,530 @@
+"""summary.json: the run's headline numbers, in vLLM-bench vocabulary plus cost and revenue.
+
+Throughput is measured over the run's makespan (first arrival to last completion), as vLLM's
+benchmark does. Goodput counts completed requests that met every SLO that is set (TTFT and TPOT,
+and E2E when ``slo.e2e_s`` is set; ``goodput.slo`` lists those applied). Latency distributions
+carry ``vllm bench serve``'s statistics: mean, std, min, max and the ``sim.percentiles``
+(p50, p90 and p99 always). ITL is measured per decode step (``itl_s``, vLLM's per-chunk ITL under
+speculative decoding) and per token (``itl_per_token_s``), see ``sim/results/itl.py``. Peak output
+throughput is the most output tokens (first tokens included) delivered in one time-series
+interval over its width (``sim.timeseries_interval_s``, 1 s by default as vLLM's buckets); peak
+concurrency is the most requests between arrival and completion at any instant.
+Utilization is the fraction of the window from the first arrival to the end of the simulation
+that each engine spent stepping (a step cut by the horizon counts up to it), averaged over the
+pool's engines: at most 1 by construction. Being busy is not being full (a Wide-EP group steps
+whenever any rank holds one sequence), so ``load`` adds occupancy: sequences and KV per decode
+rank against their limits, tokens per prefill step against the step budget, and queue depths.
+Cost multiplies the GPUs of each pool by its hardware's price; revenue applies the configured
+per-token prices to the tokens served, per traffic class where a class is priced apart (see
+``sim/results/revenue.py``; revenue, not cost, aggregated over VE, prefill and decode, the way
+DeepSeek's published $/GPU-hour figure is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ..core.requests import RejectReason, State
+from .metrics import bench_stats, dist_stats, latency_percentiles
+from .revenue import TokenRates, revenue
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..core.engine import Cluster
+
+
+def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:
+    sc = cl.sc
+    pools = sc.pools
+    gpus = pools.gpus_by_pool()
+    usd_h = sc.gpu_usd_per_hour() + pools.storage.nodes * sc.prices.storage_node_hour_usd
+    total_gpus = pools.gpus
+    t = cl.table
+    done = t.state == State.DONE
+    in_tok_s = float(t.input_len[done].sum()) / makespan
+    out_tok_s = float(t.output_len[done].sum()) / makespan
+    cache = _cache(cl)
+    by_class = {}
+    for code, name in enumerate(t.source.class_names):
+        sel = done & (t.source.traffic_class == code)
+        if sel.any():
+            by_class[name] = TokenRates.split(
+                float(t.input_len[sel].sum()) / makespan,
+                float(t.output_len[sel].sum()) / makespan,
+                cache["by_class"].get(name, 0.0),
+            )
+    total = TokenRates.split(in_tok_s, out_tok_s, cache["hit_rate_tokens"] or 0.0)
+    earned, earned_by_class = revenue(sc.prices.revenue, total, by_class)
+    revenue_h = sum(earned.values())
+    out_mtok_h = out_tok_s * (3600 / 1e6)
+    return {
+        "gpus": {**gpus, "total": total_gpus},
+        "storage_nodes": pools.storage.nodes,
+        "usd_per_hour": usd_h,
+        "usd_per_mtok_output": usd_h / out_mtok_h if out_mtok_h > 0 else None,
+        "revenue_usd_per_hour": revenue_h,
+        "revenue_usd_per_hour_by_tokens": earned,  # USD per hour by the tokens that earned it
+        "revenue_usd_per_hour_by_class": earned_by_class,
+        "revenue_per_gpu_hour_usd": revenue_h / total_gpus if total_gpus else None,
+    }
+
+
+def _prefill(cl: Cluster) -> dict[str, Any]:
+    t = cl.table
+    stats = [p.stats for p in cl.prefill]
+    looked = t.swa_lookup
+    tiers = cl.sc.policies.tiers.names()
+    by_tier = {}
+    done = t.state == State.DONE
+    for i, name in enumerate(tiers):
+        sel = done & (t.tier == i)
+        if sel.any():
+            ttft = (t.t_transfer_end - t.arrival)[sel]
+            by_tier[name] = {"requests": int(sel.sum()), "ttft_s": dist_stats(ttft)}
+    return {
+        "scheduler": cl.sc.pools.prefill.scheduler,
+        "router": cl.sc.policies.prefill_router,
+        "swa_mode": cl.sc.cache.swa.mode,
+        "compute_tokens": sum(s.compute_tokens for s in stats),
+        "replay_tokens": sum(s.replay_tokens for s in stats),
+        "flops": sum(s.flops for s in stats),
+        "replay_flops": sum(s.replay_flops for s in stats),
+        "steps": sum(p.steps for p in cl.prefill),
+        "swa_hits": int(((looked == 2) | (looked == 3)).sum()),
+        "swa_remote_hits": int((looked == 3).sum()),
+        "swa_misses": int((looked == 1).sum()),
+        "by_tier": by_tier,
+    }
+
+
+def _cache(cl: Cluster) -> dict[str, Any]:
+    t = cl.table
+    src = t.source
+    looked_up = t.state != State.PENDING
+    looked_up &= t.state != State.REJECTED
+    hit = t.hit_tokens[looked_up].astype(float)
+    total = t.input_len[looked_up].astype(float)
+    classes = src.traffic_class[looked_up]
+    by_class = {}
+    for code, name in enumerate(src.class_names):
+        sel = classes == code
+        if sel.any():
+            by_class[name] = float(hit[sel].sum() / total[sel].sum())
+    return {
+        "enabled": cl.sc.cache.prefix.enabled,
+        "hit_rate_tokens": float(hit.sum() / total.sum()) if total.sum() else None,
+        "by_class": by_class,
+        "hit_tokens": float(hit.sum()),
+        "blocks_stored": len(cl.path.store) if cl.path and cl.path.store is not None else 0,
+    }
+
+
+def _eplb(cl: Cluster) -> dict[str, Any]:
+    """Expert imbalance per pool (step-weighted over every EP group) and EPLB's work."""
+    sc = cl.sc
+    eplb = sc.policies.eplb
+    constant = sc.policies.expert_imbalance
+    out: dict[str, Any] = {"imbalance": eplb.imbalance}
+    by_pool = {}
+    totals = {"rebalances": 0, "moved_bytes": 0.0, "moved_experts": 0, "stall_s": 0.0}
+    for pool, groups in (
+        ("prefill", [p.experts for p in cl.prefill]),
+        ("decode", [g.experts for g in cl.decode]),
+    ):
+        live = [e for e in groups if e is not None]
+        if not live:
+            out[f"{pool}_imbalance_mean"] = getattr(constant, pool)
+            continue
+        factors = np.concatenate([np.asarray(e.factors) for e in live])
+        policy = getattr(eplb, pool)
+        stats = {
+            "policy": policy.policy,
+            "window_steps": policy.window_steps,
+            "period_steps": policy.period_steps,
+            "redundant_experts_per_gpu": live[0].shape.redundant_per_rank,
+            "steps": int(factors.size),
+            "imbalance": dist_stats(factors),
+            "rebalances": sum(e.rebalances for e in live),
+            "moved_bytes": sum(e.moved_bytes for e in live),
+            "moved_experts": sum(e.moved_experts for e in live),
+            "stall_s": sum(e.stall_total_s for e in live),
+        }
+        by_pool[pool] = stats
+        out[f"{pool}_imbalance_mean"] = float(factors.mean()) if factors.size else None
+        for key in totals:
+            totals[key] += stats[key]
+    return {**out, **totals, "by_pool": by_pool}
+
+
+def _storage(cl: Cluster, read_gbps_peak: float) -> dict[str, Any] | None:
+    """The 3FS store's traffic, retention and failures (None without storage nodes)."""
+    path = cl.path
+    kv = path.kv if path is not None else None
+    if path is None or kv is None:
+        return None
+    cfg = cl.sc.pools.storage
+    nodes = kv.nodes
+    gpus = cl.sc.pools.gpus
+    return {
+        "nodes": cfg.nodes,
+        "coding": f"{cfg.data_chunks}+{cfg.parity_chunks}",
+        "logical_tb": cfg.logical_bytes / 1e12,
+        "logical_tb_per_gpu": cfg.logical_bytes / 1e12 / gpus,
+        "ttl_s": {name: kv.ttl[i] for i, name in enumerate(cl.table.source.class_names)},
+        "refresh_on_read": cfg.refresh_on_read,
+        "reads": kv.reads,
+        "writes": kv.writes,
+        "read_blocks": kv.read_blocks,
+        "written_blocks": kv.written_blocks,
+        "read_bytes": nodes.read_bytes,
+        "write_bytes": nodes.write_bytes,
+        "read_gbps_peak": read_gbps_peak,
+        "read_latency_s": dist_stats(np.asarray(path.read_latencies)),
+        "blocks_held": len(kv),
+        "used_fraction": kv.used_fraction(),
+        "used_fraction_peak": kv.used_fraction_peak,
+        "evictions_gc": kv.evictions_gc,
+        "expirations": kv.expirations,
+        "node_failures": cl.counters.get("storage_node_failures", 0),
+        "degraded_reads": nodes.degraded_reads,
+        "lost_blocks": kv.lost_blocks,
+        "lost_block_misses": kv.lost_misses,
+        "writes_failed": kv.writes_failed,
+        "rebuild_bytes": nodes.rebuild_bytes,
+    }
+
+
+class _Engine(Protocol):
+    busy_s: float
+
+    def stepping_s(self, now: float) -> float: ...
+
+
+def _busy(engines: Sequence[_Engine], now: float) -> float:
+    """Seconds the engines spent stepping up to ``now`` (a step in flight counts up to it)."""
+    return sum(e.busy_s + e.stepping_s(now) for e in engines)
+
+
+def _utilization(engines: Sequence[_Engine], now: float, window: float) -> float | None:
+    if not engines:
+        return None
+    return float(min(1.0, _busy(engines, now) / (window * len(engines))))  # min(): round-off
+
+
+def _load(cl: Cluster, window: float, queues: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    """Occupancy next to busy time. Time-weighted means are over ``window_s`` (an idle engine
+    holds nothing); ``*_while_busy`` means are over the time the engines were stepping."""
+    sc = cl.sc
+    now = cl.env.now
+    queues = queues or {}
+    d = sc.pools.decode
+    ranks = len(cl.decode) * d.ep
+    cap = cl.kv_capacity_tokens
+    busy_d = sum(g.busy_s for g in cl.decode)
+    seq_s = sum(g.seq_s for g in cl.decode)
+    kv_s = sum(g.kv_s for g in cl.decode)
+    res_s = sum(g.reserved_s for g in cl.decode)
+    seqs_mean = seq_s / (window * ranks)
+    decode = {
+        "busy_fraction": _utilization(cl.decode, now, window),
+        "seqs_per_rank_mean": seqs_mean,
+        "seqs_per_rank_while_busy": seq_s / (busy_d * ranks) if busy_d else 0.0,
+        "max_seqs_per_rank": d.max_seqs_per_rank,
+        "batch_fill": seqs_mean / d.max_seqs_per_rank,
+        "kv_tokens_per_rank_mean": kv_s / (window * ranks),
+        "kv_capacity_tokens_per_rank": cap,
+        "kv_used_fraction_mean": kv_s / (window * ranks * cap),
+        "kv_reserved_fraction_mean": res_s / (window * ranks * cap),
+        "kv_used_fraction_while_busy": kv_s / (busy_d * ranks * cap) if busy_d else 0.0,
+        "queue": queues.get("decode"),
+        "parked_queue": queues.get("decode_parked"),
+    }
+    p = sc.pools.prefill
+    steps = sum(i.steps for i in cl.prefill)
+    chunk_tokens = sum(i.stats.chunk_tokens for i in cl.prefill)
+    budget = p.max_tokens_per_step * p.ep
+    per_step = chunk_tokens / steps if steps else 0.0
+    busy_p = sum(i.busy_s for i in cl.prefill)
+    prefill = {
+        "busy_fraction": _utilization(cl.prefill, now, window),
+        "tokens_per_step_mean": per_step,
+        "step_token_budget": budget,
+        "step_token_fill": per_step / budget,
+        "step_s_mean": busy_p / steps if steps else 0.0,
+        "step_time_budget_s": p.step_time_budget_s,
+        "queue": queues.get("prefill"),
+    }
+    out: dict[str, Any] = {"window_s": window, "prefill": prefill, "decode": decode}
+    out["transfer"] = {"queue": queues.get("transfer")}
+    if cl.vision:
+        out["vision"] = {
+            "busy_fraction": _utilization(cl.vision, now, window),
+            "queue": queues.get("vision"),
+        }
+    return out
+
+
+def _vision(cl: Cluster, window: float) -> dict[str, Any] | None:
+    """The VE stage: images encoded, time in the stage (queue + encode), encode time alone."""
+    if not cl.vision:
+        return None
+    t = cl.table
+    encoded = np.isfinite(t.t_vision_done)
+    per_image = cl.vision[0].seconds_per_image
+    images = t.source.image_count[encoded].astype(float)
+    return {
+        "instances": len(cl.vision),
+        "hardware": cl.sc.pools.vision.hardware,
+        "requests": int(encoded.sum()),
+        "images": int(sum(v.encoded for v in cl.vision)),
+        "seconds_per_image": per_image,
+        "encode_s": dist_stats(images * per_image),
+        "stage_s": dist_stats((t.t_vision_done - t.arrival)[encoded]),
+        "ve_utilization": _utilization(cl.vision, cl.env.now, window),
+    }
+
+
+def _admission(cl: Cluster) -> dict[str, Any]:
+    """policies.admission: its limit, what it turned away, and the prefill backlog it saw."""
+    t = cl.table
+    adm = cl.admission
+    admission_reasons = (RejectReason.QUEUE_TIME, RejectReason.QUEUE_LENGTH)
+    turned = (t.state == State.REJECTED) & np.isin(t.reject_reason, admission_reasons)
+    n = int(turned.sum())
+    return {
+        "policy": cl.sc.policies.admission.policy,
+        "max_wait_s": adm.limit_s,
+        "max_queued": adm.max_queued,
+        "rejected": n,
+        "rejected_fraction": n / cl.arrived if cl.arrived else 0.0,
+        "predicted_wait_max_s": adm.wait_max_s if adm.limit_s is not None else None,
+        "prefill_backlog_max": adm.backlog_max,
+    }
+
+
+def _rates(
+    n: int, in_tok: float, out_tok: float, first: float, last: float
+) -> dict[str, float | None]:
+    span = last - first
+    ok = n > 1 and span > 0
+    return {
+        "window_s": max(span, 0.0),
+        "requests": n,
+        "request_per_s": n / span if ok else None,
+        "input_tok_per_s": in_tok / span if ok else None,
+        "output_tok_per_s": out_tok / span if ok else None,
+    }
+
+
+def _offered_load(cl: Cluster) -> dict[str, Any]:
+    """Offered vs served load. Offered: every arrived request (rejected ones too) over the
+    arrival window (first to last arrival). Served: the completed requests over the completion
+    window (first to last completion), so that a cluster keeping up serves what it is offered
+    (the two windows are the same span shifted by the latency) and an overloaded one shows its
+    service rate below the offered rate (served_over_offered < 1)."""
+    t = cl.table
+    arrived = t.state != State.PENDING
+    done = t.state == State.DONE
+    arr = t.arrival[arrived]
+    fin = t.t_done[done]
+    offered = _rates(
+        int(arrived.sum()),
+        float(t.input_len[arrived].sum()),
+        float(t.output_len[arrived].sum()),
+        float(arr.min()) if arr.size else 0.0,
+        float(arr.max()) if arr.size else 0.0,
+    )
+    served = _rates(
+        int(done.sum()),
+        float(t.input_len[done].sum()),
+        float(t.output_len[done].sum()),
+        float(fin.min()) if fin.size else 0.0,
+        float(fin.max()) if fin.size else 0.0,
+    )
+    o, s = offered["request_per_s"], served["request_per_s"]
+    return {
+        "offered": offered,
+        "served": served,
+        "served_over_offered": s / o if o and s is not None else None,
+        "completed_fraction": int(done.sum()) / cl.arrived if cl.arrived else None,
+    }
+
+
+def _peak_output_tok_per_s(cl: Cluster, timeseries: pd.DataFrame | None) -> float | None:
+    """Most output tokens delivered in one time-series interval, over the interval's nominal
+    width (a final, shorter interval too, as vLLM's last 1 s bucket): the decode tokens the
+    interval's row counted plus the first tokens (delivered with the KV hand-off) that fell in
+    it. None without time-series rows."""
+    if timeseries is None or timeseries.empty:
+        return None
+    ends = timeseries["t_s"].to_numpy(dtype=float)
+    edges = np.concatenate([[0.0], ends])
+    decoded = timeseries["output_tok_per_s"].to_numpy(dtype=float) * np.diff(edges)
+    first = cl.table.t_transfer_end
+    first = first[np.isfinite(first)]
+    firsts = np.histogram(first, bins=edges)[0] if edges.size > 1 else np.zeros(0)
+    return float((decoded + firsts).max() / cl.sc.sim.timeseries_interval_s)
+
+
+def _peak_concurrency(cl: Cluster) -> int:
+    """Most requests in flight at once, exactly, from the requests table: a request counts from
+    its arrival to its completion (to the end of the run when still in flight); a rejected one
+    never counts (the table keeps no rejection time, and most are rejected at arrival)."""
+    t = cl.table
+    live = (t.state != State.PENDING) & (t.state != State.REJECTED)
+    done = t.state == State.DONE
+    times = np.concatenate([t.arrival[live], t.t_done[done]])
+    if times.size == 0:
+        return 0
+    steps = np.concatenate([np.ones(int(live.sum())), -np.ones(int(done.sum()))])
+    order = np.lexsort((steps, times))  # at equal times a completion before an arrival
+    return int(np.cumsum(steps[order]).max())
+
+
+def summarize(
+    cl: Cluster,
+    itl_stats: dict[str, dict[str, float]],
+    wall_s: float,
+    read_gbps_peak: float = 0.0,
+    queues: dict[str, dict[str, float]] | None = None,
+    timeseries: pd.DataFrame | None = None,
+) -> dict[str, Any]:
+    """The run's summary.json. ``itl_stats`` is :func:`~deepinfer_sim.sim.results.itl.itl_summary`'s
+    (``itl_s`` per decode step, ``itl_per_token_s``); ``timeseries`` gives the peak output
+    throughput (None without it)."""
+    t = cl.table
+    sc = cl.sc
+    states = np.bincount(t.state, minlength=len(State))
+    done = t.state == State.DONE
+    completed = int(done.sum())
+    rejected = int(states[State.REJECTED])
+    reasons = np.bincount(t.reject_reason[t.state == State.REJECTED], minlength=len(RejectReason))
+    first_token = t.t_transfer_end
+    ttft = (first_token - t.arrival)[done]
+    dec = np.maximum(t.output_len - 1, 0)
+    has_dec = done & (dec > 0)
+    tpot = (t.t_done[has_dec] - first_token[has_dec]) / dec[has_dec]
+    e2e = (t.t_done - t.arrival)[done]
+    arrived_mask = t.state != State.PENDING
+    start = float(t.arrival[arrived_mask].min()) if arrived_mask.any() else 0.0
+    end = float(np.nanmax(t.t_done[done])) if completed else cl.env.now
+    makespan = max(end - start, 1e-12)
+    window = max(cl.env.now - start, 1e-12)  # busy time is counted up to now, not to ``end``
+    in_tok = float(t.input_len[done].sum())
+    out_tok = float(t.output_len[done].sum())
+    in_s, out_s = in_tok / makespan, out_tok / makespan
+    pools = sc.pools
+    pcts = latency_percentiles(sc.sim.percentiles)
+    slo = sc.slo
+    good = done.copy()
+    good[done] = ttft <= slo.ttft_s
+    tpot_full = np.full(t.n, 0.0)
+    tpot_full[has_dec] = tpot
+    good &= tpot_full <= slo.tpot_s
+    applied_slo = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}
+    if slo.e2e_s is not None:
+        good[done] &= e2e <= slo.e2e_s
+        applied_slo["e2e_s"] = slo.e2e_s
+    n_good = int(good.sum())
+    seq_steps = sum(g.seq_steps for g in cl.decode)
+    steps = sum(g.steps for g in cl.decode)
+    verified = sum(g.verify_sum for g in cl.decode)
+    emitted = sum(g.tokens_out for g in cl.decode)
+    ranks = pools.decode.groups * pools.decode.ep
+    return {
+        "scenario": sc.name,
+        "requests": {
+            "in_workload": int(t.n),
+            "not_arrived": int(t.n) - cl.arrived,  # cut off by sim.horizon_s
+            "arrived": cl.arrived,
+            "completed": completed,
+            "rejected": rejected,
+            "in_flight": cl.arrived - completed - rejected,
+            "rejected_by_reason": {
+                r.name.lower(): int(reasons[r]) for r in RejectReason if r and reasons[r]
+            },
+        },
+        "latency": {
+            "ttft_s": bench_stats(ttft, pcts),
+            "tpot_s": bench_stats(tpot, pcts),
+            "itl_s": itl_stats["itl_s"],  # per decode step (vLLM's per-chunk ITL)
+            "itl_s_per": "decode step",
+            "itl_per_token_s": itl_stats["itl_per_token_s"],
+            "e2e_s": bench_stats(e2e, pcts),
+        },
+        "throughput": {
+            "duration_s": makespan,
+            "completed": completed,
+            "total_input_tokens": int(in_tok),
+            "total_output_tokens": int(out_tok),
+            "request_per_s": completed / makespan,
+            "input_tok_per_s": in_s,
+            "output_tok_per_s": out_s,
+            "total_tok_per_s": in_s + out_s,
+            "output_tok_per_s_per_gpu": out_s / max(1, pools.gpus),
+            "input_tok_per_s_per_prefill_gpu": in_s / pools.prefill.gpus,
+            "output_tok_per_s_per_decode_gpu": out_s / pools.decode.gpus,
+            "peak_output_tok_per_s": _peak_output_tok_per_s(cl, timeseries),
+            "peak_window_s": sc.sim.timeseries_interval_s,
+            "peak_concurrent_requests": _peak_concurrency(cl),
+        },
+        "goodput": {
+            "slo": applied_slo,  # the SLOs a good request met, all of them
+            "requests": n_good,
+            "request_per_s": n_good / makespan,
+            "fraction_of_completed": n_good / completed if completed else None,
+        },
+        "utilization": {
+            "vision": _utilization(cl.vision, cl.env.now, window),
+            "prefill": _utilization(cl.prefill, cl.env.now, window),
+            "decode": _utilization(cl.decode, cl.env.now, window),
+        },
+        "load": _load(cl, window, queues),
+        "decode": {
+            "steps": steps,
+            "mean_batch_per_rank": seq_steps / (steps * pools.decode.ep) if steps else 0.0,
+            "balancer": sc.policies.decode_balancer,
+            "speculative": sc.policies.speculative.policy,
+            "verify_tokens_per_seq_step": verified / seq_steps if seq_steps else 0.0,
+            "accepted_tokens_per_seq_step": emitted / seq_steps if seq_steps else 0.0,
+            "tokens_per_s_per_rank": out_s / ranks,
+            "kv_policy": pools.decode.kv_policy,
+            "preemptions": sum(g.preemptions for g in cl.decode),
+            "recompute_s": sum(g.recompute_s for g in cl.decode),
+            "rank_failures": sum(g.rank_failures for g in cl.decode),
+            "requeued_after_failure": cl.counters.get("requeued", 0),
+            "group_outages": cl.counters.get("group_outages", 0),
+            "parked_no_live_rank": cl.counters.get("parked", 0),
+            "parked_at_end": len(cl.parked),
+            "kv_capacity_tokens_per_rank": cl.kv_capacity_tokens,
+        },
+        "transfer": {
+            "bytes": float(t.transfer_bytes.sum()),
+            "mean_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["mean"],
+            "p99_s": dist_stats((t.t_transfer_end - t.t_prefill_end)[has_dec])["p99"],
+            "link_cuts": cl.counters.get("link_cuts", 0),
+            # P->D transfers that used a backup link: moved there at a cut, or started while
+            # their instance's link was cut; store writes moved at a cut are counted apart
+            "rerouted": cl.counters.get("rerouted_transfers", 0),
+            "rerouted_store_writes": cl.counters.get("rerouted_store_writes", 0),
+            "backup_bytes": float(sum(link.bytes_total for link in cl.backup_links)),
+        },
+        "admission": _admission(cl),
+        "offered_load": _offered_load(cl),
+        "vision": _vision(cl, window),
+        "prefill": _prefill(cl),
+        "cache": _cache(cl),
+        "storage": _storage(cl, read_gbps_peak),
+        "eplb": _eplb(cl),
+        "cost": _cost(cl, makespan),
+        "sim": {
+            "seed": sc.seed,
+            "simulated_s": cl.env.now,
+            "events": cl.env.events,
+            "wall_s": wall_s,
+        },
+    }

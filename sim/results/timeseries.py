@@ -1,0 +1,167 @@
+"""Time series of a run: one sample per interval of simulated time (one event per sample).
+
+Each sample records cumulative counts, queue depths, utilization over the last interval and
+token rates, so ``timeseries.parquet`` shows how the cluster filled, saturated and drained.
+
+Utilization is an engine's busy time inside the interval (a step still running at the sample
+counts up to the sample, the rest in the next interval) over the interval times the engines, so
+it never exceeds 1. A rate with nothing to divide (the prefix hit rate of an interval in which no
+prompt was looked up, the expert imbalance of one in which no step ran) is NaN, not 0. The same
+samples give the run's queue-depth statistics (:meth:`queue_stats`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from ..core.requests import State
+
+if TYPE_CHECKING:
+    from ..core.engine import Cluster
+    from ..stages.expert_parallel import GroupExperts
+
+
+def _factor_sums(pool: str, groups: list[GroupExperts | None]) -> dict[str, float]:
+    live = [e for e in groups if e is not None]
+    return {
+        f"{pool}_eplb_sum": sum(e.factor_sum for e in live),
+        f"{pool}_eplb_steps": sum(e.factor_steps for e in live),
+    }
+
+
+# summary queue name -> time-series column (prefill: prompts on the instances, queued or being
+# computed; transfer: P->D flows in flight; decode: requests waiting for a slot on their rank;
+# decode_parked: requests waiting for a repair because every decode rank is down)
+_QUEUES = {
+    "vision": "vision_queue",
+    "prefill": "prefill_queue",
+    "transfer": "transfers_in_flight",
+    "decode": "decode_waiting",
+    "decode_parked": "decode_parked",
+}
+
+
+class TimeseriesSampler:
+    def __init__(self, cl: Cluster, interval_s: float) -> None:
+        self.cl = cl
+        self.interval = interval_s
+        self.rows: list[dict[str, float]] = []
+        self.kv = cl.path.kv if cl.path is not None else None
+        self.read_gbps_peak = 0.0
+        self._prev = self._counters()
+        cl.env.process(self._run())
+
+    def _counters(self) -> dict[str, float]:
+        cl = self.cl
+        kv = self.kv
+        t = cl.env.now
+        return {
+            "t": t,
+            "prefill_busy": sum(p.busy_s + p.stepping_s(t) for p in cl.prefill),
+            "decode_busy": sum(g.busy_s + g.stepping_s(t) for g in cl.decode),
+            "vision_busy": sum(v.busy_s + v.stepping_s(t) for v in cl.vision),
+            "prefill_tokens": sum(p.stats.compute_tokens for p in cl.prefill),
+            "hit_tokens": cl.path.hit_tokens_total if cl.path else 0,
+            "lookup_tokens": cl.path.input_tokens_total if cl.path else 0,
+            "output_tokens": sum(g.tokens_out for g in cl.decode),
+            "storage_read_bytes": kv.nodes.read_bytes if kv is not None else 0.0,
+            **_factor_sums("prefill", [p.experts for p in cl.prefill]),
+            **_factor_sums("decode", [g.experts for g in cl.decode]),
+        }
+
+    def _run(self):
+        while True:
+            yield self.cl.env.timeout(self.interval)
+            self.sample()
+
+    def sample(self) -> None:
+        cl = self.cl
+        now = self._counters()
+        dt = now["t"] - self._prev["t"]
+        if dt <= 0:
+            return
+        states = np.bincount(cl.table.state, minlength=len(State))
+        pools = cl.sc.pools
+        batches = np.concatenate([g.batch for g in cl.decode])
+        reserved = np.concatenate([g.reserved for g in cl.decode])
+
+        def util(key: str, units: int) -> float:
+            # <= 1 by construction; min() only absorbs float round-off of step end times
+            return min(1.0, (now[key] - self._prev[key]) / (dt * units)) if units else 0.0
+
+        self.rows.append(
+            {
+                "t_s": now["t"],
+                "arrived": cl.arrived,
+                "completed": int(states[State.DONE]),
+                "rejected": int(states[State.REJECTED]),
+                "vision_queue": sum(len(v.queue) for v in cl.vision),
+                "prefill_queue": sum(p.queued for p in cl.prefill),
+                "transfers_in_flight": sum(link.active for link in cl.links),
+                "decode_waiting": sum(g.n_waiting for g in cl.decode),
+                "decode_running": sum(g.n for g in cl.decode),
+                "decode_parked": len(cl.parked),
+                "decode_batch_mean": float(batches.mean()),
+                "decode_batch_max": int(batches.max()),
+                "decode_kv_reserved_frac": float(reserved.mean() / cl.kv_capacity_tokens),
+                "vision_util": util("vision_busy", pools.vision.instances),
+                "prefill_util": util("prefill_busy", pools.prefill.instances),
+                "decode_util": util("decode_busy", pools.decode.groups),
+                "prefill_tok_per_s": (now["prefill_tokens"] - self._prev["prefill_tokens"]) / dt,
+                "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
+                "prefill_imbalance": self._imbalance("prefill", now),
+                "decode_imbalance": self._imbalance("decode", now),
+                "prefix_hit_rate": self._hit_rate(now),
+                **self._storage(now, dt),
+            }
+        )
+        self._prev = now
+
+    def _storage(self, now: dict[str, float], dt: float) -> dict[str, float]:
+        kv = self.kv
+        if kv is None:
+            return {}
+        kv.expire(now["t"])
+        gbps = (now["storage_read_bytes"] - self._prev["storage_read_bytes"]) / dt / 1e9
+        self.read_gbps_peak = max(self.read_gbps_peak, gbps)
+        return {
+            "storage_used_frac": kv.used_fraction(),
+            "storage_blocks": float(len(kv)),
+            "storage_read_gbps": gbps,
+            "storage_failed_nodes": float(sum(kv.nodes.failed)),
+        }
+
+    def _hit_rate(self, now: dict[str, float]) -> float:
+        """Prefix-cache hits over the prompt tokens looked up in the interval (NaN: none were)."""
+        looked_up = now["lookup_tokens"] - self._prev["lookup_tokens"]
+        if looked_up <= 0:
+            return float("nan")
+        return (now["hit_tokens"] - self._prev["hit_tokens"]) / looked_up
+
+    def _imbalance(self, pool: str, now: dict[str, float]) -> float:
+        """Mean expert-imbalance factor of the pool's steps in the interval (NaN: none ran)."""
+        steps = now[f"{pool}_eplb_steps"] - self._prev[f"{pool}_eplb_steps"]
+        if steps <= 0:
+            return float("nan")
+        return (now[f"{pool}_eplb_sum"] - self._prev[f"{pool}_eplb_sum"]) / steps
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+    def queue_stats(self) -> dict[str, dict[str, float]]:
+        """Queue depth per pool over the run's samples (one every ``interval``): mean, p99 and
+        max. Depths between samples are not seen, so ``max`` is the largest sampled depth."""
+        out = {}
+        for pool, col in _QUEUES.items():
+            depth = np.array([row[col] for row in self.rows], dtype=np.float64)
+            if depth.size == 0:
+                depth = np.zeros(1)
+            out[pool] = {
+                "mean": float(depth.mean()),
+                "p99": float(np.percentile(depth, 99)),
+                "max": float(depth.max()),
+            }
+        return out

@@ -1,0 +1,416 @@
+"""Wide-EP decode groups: one SimPy process per group, per-slot state in numpy arrays.
+
+All ranks of a group step in lockstep; the slowest rank (its batch and KV length) sets the step
+time (see StepCost.decode_step). Running sequences live in struct-of-arrays slots (request id, rank,
+tokens left, first step) up to a high-water mark; a finished sequence leaves a hole (tokens left
+set to a huge value) that the next admission reuses, so a step is a handful of vectorized numpy
+operations however many sequences run, and the group costs one event per step.
+
+Requests are routed to a (group, rank) before their KV transfer starts; when the KV lands they
+wait in that rank's queue until a slot and KV memory are free. Admission reserves a request's
+whole context (prompt + output + SWA slot) up front, so a running sequence never runs out of KV
+memory and nothing is preempted.
+
+Inter-token latencies are not recorded per token: the group keeps one row per step (end time,
+duration, sequences stepped, sequences on their first step, tokens emitted) and each request
+remembers the steps it ran in, from which ``sim/results/itl.py`` rebuilds every per-step ITL exactly
+after the run.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from ...models.cost import StepCost
+from ..core.requests import RequestTable, State
+from ..core.steploop import StepLoop
+from ..policies.speculative import SpecDecoder
+from .expert_parallel import GroupExperts
+
+_IDLE = np.iinfo(np.int64).max // 2  # tokens-left of an empty slot: never finishes
+
+
+class DecodeGroup(StepLoop):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        idx: int,
+        ep: int,
+        cost: StepCost,
+        max_seqs_per_rank: int,
+        kv_capacity_tokens: float,
+        seq_overhead_tokens: float,
+        imbalance: float,
+        table: RequestTable,
+        on_done: Callable[[int], None],
+        spec: SpecDecoder | None = None,
+        ideal_balance: bool = False,
+        preempt: bool = False,
+        experts: GroupExperts | None = None,
+    ) -> None:
+        super().__init__(env)
+        self.idx = idx
+        self.ep = ep
+        self.cost = cost
+        self.max_seqs = max_seqs_per_rank
+        self.kv_capacity = kv_capacity_tokens
+        self.seq_overhead = seq_overhead_tokens
+        self.imbalance = imbalance  # this step's expert imbalance (constant without experts)
+        self.experts = experts
+        self.classes = 1 if experts is None else experts.load.classes
+        self.table = table
+        self.on_done = on_done
+        # per-rank state, as the rows of one array the cost model reads at once:
+        # running sequences, context tokens they hold, tokens computed this step (1 + verify
+        # per sequence) and those tokens weighted by their sequence's context (attention work)
+        self.load = np.zeros((4, ep), dtype=np.float64)
+        self.batch = self.load[0]
+        self.kv = self.load[1]
+        self.reserved = np.zeros(ep, dtype=np.float64)  # KV tokens reserved by admission
+        self.assigned = np.zeros(ep, dtype=np.int64)  # routed here and not finished
+        self.assigned_kv = np.zeros(ep, dtype=np.float64)  # their prompt + output tokens
+        self.waiting: list[deque[int]] = [deque() for _ in range(ep)]
+        self.waiting_ranks: set[int] = set()
+        self.n_waiting = 0
+        # per-slot state of running sequences; slots [0, hw) are in use or holes
+        cap = ep * max_seqs_per_rank
+        self.n = 0  # running sequences
+        self.hw = 0  # high-water mark of slots ever used
+        self.free: list[int] = []  # holes below the high-water mark
+        self.s_req = np.full(cap, -1, dtype=np.int64)
+        self.s_rank = np.zeros(cap, dtype=np.int64)
+        self.s_left = np.full(cap, _IDLE, dtype=np.int64)
+        self.s_k0 = np.zeros(cap, dtype=np.int64)
+        self.s_ctx = np.zeros(cap, dtype=np.int64)  # context tokens the sequence holds
+        self.s_cls = np.zeros(cap, dtype=np.int64)  # traffic class (expert-load model)
+        self.spec = spec
+        self.ideal = ideal_balance  # cost every step as if each rank held the mean load
+        self.preempt = preempt  # KV policy: grow and preempt, or reserve whole contexts
+        self.recompute: list[list[tuple[int, int]]] = [[] for _ in range(ep)]
+        self.preemptions = 0
+        self.recompute_s = 0.0
+        self.down = np.zeros(ep, dtype=bool)  # ranks failed and not yet repaired
+        self.penalty = np.zeros(ep)  # 0, or inf for a rank that is down (balancers add it)
+        self.on_evict: Callable[[int], None] | None = None  # re-route a request off a dead rank
+        self.rank_failures = 0
+        self.verify_sum = 0  # draft tokens verified, summed over sequence-steps
+        self.seq_steps = 0
+        self.new_this_step = 0
+        # one row per step
+        self.step_end: list[float] = []
+        self.step_dt: list[float] = []
+        self.step_n: list[int] = []
+        self.step_new: list[int] = []
+        self.step_tokens: list[int] = []  # tokens emitted (all sequences): per-token ITL
+        self.busy_s = 0.0
+        self.tokens_out = 0
+        # occupancy integrals over stepping time (idle time adds nothing): sequence-seconds,
+        # KV-token-seconds held and reserved, summed over the group's ranks
+        self.seq_s = 0.0
+        self.kv_s = 0.0
+        self.reserved_s = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_dt)
+
+    # ---- routing side -------------------------------------------------------------------------
+    def assign(self, rid: int, rank: int) -> None:
+        """Reserve a place on ``rank`` for a request whose KV is about to be sent here."""
+        self.assigned[rank] += 1
+        self.assigned_kv[rank] += float(self.table.input_len[rid] + self.table.output_len[rid])
+        self.table.decode_group[rid] = self.idx
+        self.table.decode_rank[rid] = rank
+
+    def arrive(self, rid: int) -> None:
+        """The request's KV has landed on its rank: queue it for a slot."""
+        rank = int(self.table.decode_rank[rid])
+        if self.down[rank] and self.on_evict is not None:  # it landed on a dead rank
+            self._unassign(rid, rank)
+            self.table.kv_lost[rid] = True
+            self.on_evict(rid)
+            return
+        self.waiting[rank].append(rid)
+        self.waiting_ranks.add(rank)
+        self.n_waiting += 1
+        self.table.state[rid] = State.DECODE_WAIT
+        self.kick()
+
+    # ---- engine side --------------------------------------------------------------------------
+    def _admit(self) -> None:
+        t = self.table
+        now = self.env.now
+        k = self.steps
+        for rank in list(self.waiting_ranks):
+            q = self.waiting[rank]
+            while q and self.batch[rank] < self.max_seqs:
+                rid = q[0]
+                resumed = bool(t.kv_lost[rid])  # its KV was dropped (preemption, failure)
+                done = int(t.decode_generated[rid])
+                ctx = int(t.input_len[rid]) + done
+                if self.preempt:  # hold only what the sequence has now; grow as it decodes
+                    need = ctx + self.seq_overhead
+                else:  # reserve the whole context up front: never preempted
+                    need = float(t.input_len[rid] + t.output_len[rid]) + self.seq_overhead
+                if self.reserved[rank] + need > self.kv_capacity:
+                    break
+                q.popleft()
+                self.n_waiting -= 1
+                if self.free:
+                    i = self.free.pop()
+                else:
+                    i = self.hw
+                    self.hw += 1
+                self.n += 1
+                self.s_req[i] = rid
+                self.s_rank[i] = rank
+                self.s_left[i] = t.output_len[rid] - 1 - done  # token 1 came from prefill
+                self.s_k0[i] = k
+                self.s_ctx[i] = ctx
+                self.s_cls[i] = t.source.traffic_class[rid]
+                if resumed:  # recompute its KV in this step, on this rank
+                    self.recompute[rank].append((ctx, 0))
+                    t.kv_lost[rid] = False
+                if self.spec is not None:
+                    self.spec.admit(i, int(t.source.traffic_class[rid]))
+                self.new_this_step += 1
+                self.batch[rank] += 1
+                self.kv[rank] += ctx
+                self.reserved[rank] += need
+                t.state[rid] = State.DECODE
+                if not resumed:
+                    t.t_decode_start[rid] = now
+                    t.decode_first_step[rid] = k
+            if not q:
+                self.waiting_ranks.discard(rank)
+
+    def begin_step(self) -> float | None:
+        extra = 0.0
+        if self.n_waiting:
+            self._admit()
+            if any(self.recompute):
+                # resumed sequences rebuild their KV first: a prefill of their context, in step
+                extra = self.cost.prefill_step(self.recompute, self.imbalance)
+                self.recompute_s += extra
+                for r in self.recompute:
+                    r.clear()
+        if self.n == 0:
+            return None
+        return extra + self._decode_step_time()
+
+    def _decode_step_time(self) -> float:
+        load = self.load
+        spec = self.spec
+        hw = self.hw
+        live = self.s_req[:hw] >= 0
+        if spec is None or not spec.active:
+            load[2] = load[0]
+            load[3] = load[1]
+            stall = self._expert_step(live.astype(np.float64))
+            return stall + self.cost.decode_step_packed(self._costed(load), self.imbalance)
+        v = spec.choose(hw, live, self._step_time_with)
+        tokens = np.where(live, 1 + v, 0)
+        ranks = self.s_rank[:hw]
+        load[2] = np.bincount(ranks, weights=tokens, minlength=self.ep)
+        load[3] = np.bincount(ranks, weights=tokens * self.s_ctx[:hw], minlength=self.ep)
+        self.verify_sum += int(v[live].sum())
+        stall = self._expert_step(tokens.astype(np.float64))
+        step = self.cost.decode_step_packed(self._costed(load), self.imbalance)
+        return stall + step + spec.overhead_s
+
+    def _expert_step(self, tokens: np.ndarray) -> float:
+        """Sample this step's expert imbalance from the slots' routed tokens; returns the weight
+        shuffling stall of a rebalance due now (0 otherwise)."""
+        if self.experts is None:
+            return 0.0
+        if self.classes == 1:
+            per_class = np.array([[tokens.sum()]])
+            sq = np.array([[tokens @ tokens]])
+        else:
+            cls = self.s_cls[: self.hw]
+            per_class = np.bincount(cls, weights=tokens, minlength=self.classes)[:, None]
+            sq = np.bincount(cls, weights=tokens * tokens, minlength=self.classes)[:, None]
+        self.imbalance, stall = self.experts.step(self.env.now, per_class, sq)
+        return stall
+
+    def _costed(self, load: np.ndarray) -> np.ndarray:
+        """The per-rank rows the step is charged for: as they are, or (the offline ideal) every
+        rank at the group mean."""
+        if not self.ideal:
+            return load
+        return np.repeat(load.mean(axis=1, keepdims=True), self.ep, axis=1)
+
+    def _step_time_with(self, extra: float) -> float:
+        """Step time if ``extra`` verify tokens were spread over the sequences (for dspark)."""
+        scale = 1.0 + extra / max(1, self.n)
+        probe = self.load.copy()
+        probe[2] = probe[0] * scale
+        probe[3] = probe[1] * scale
+        return self.cost.decode_step_packed(self._costed(probe), self.imbalance)
+
+    def end_step(self, dt: float) -> None:
+        """Every running sequence emitted its tokens; retire the finished ones."""
+        n = self.n
+        k = self.steps
+        now = self.env.now
+        self.step_end.append(now)
+        self.step_dt.append(dt)
+        self.step_n.append(n)
+        self.step_new.append(self.new_this_step)
+        self.new_this_step = 0
+        self.busy_s += dt
+        self.seq_steps += n
+        self.seq_s += n * dt
+        self.kv_s += float(self.kv.sum()) * dt
+        self.reserved_s += float(self.reserved.sum()) * dt
+        hw = self.hw
+        left = self.s_left[:hw]
+        spec = self.spec
+        if spec is None or not spec.active:  # plain decoding: one token each
+            self.tokens_out += n
+            self.step_tokens.append(n)
+            self.kv += self.batch
+            self.s_ctx[:hw] += 1
+            left -= 1  # holes hold _IDLE and never reach zero
+            if self.preempt:
+                self.reserved += self.batch
+        else:
+            live = self.s_req[:hw] >= 0
+            emitted = spec.accept(hw, live, left)
+            out = int(emitted.sum())
+            self.tokens_out += out
+            self.step_tokens.append(out)
+            self.kv += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
+            self.s_ctx[:hw] += emitted
+            left -= emitted
+            if self.preempt:
+                self.reserved += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
+        idx = np.flatnonzero(left <= 0)
+        if idx.size:
+            self._retire(idx, now, k)
+        if self.preempt and (self.reserved > self.kv_capacity).any():
+            self._preempt_over_capacity()
+
+    def _preempt_over_capacity(self) -> None:
+        """Ranks whose grown KV no longer fits drop their most recently admitted sequences
+        (their KV is freed; they wait at the head of the rank's queue and recompute on return)."""
+        t = self.table
+        for rank in np.flatnonzero(self.reserved > self.kv_capacity).tolist():
+            slots = np.flatnonzero((self.s_rank[: self.hw] == rank) & (self.s_req[: self.hw] >= 0))
+            for i in slots[np.argsort(-self.s_k0[slots], kind="stable")].tolist():
+                if self.reserved[rank] <= self.kv_capacity:
+                    break
+                rid = self._evict_slot(i)
+                t.preemptions[rid] += 1
+                self.preemptions += 1
+                self.waiting[rank].appendleft(rid)
+                self.waiting_ranks.add(rank)
+                self.n_waiting += 1
+                t.state[rid] = State.DECODE_WAIT
+
+    def _evict_slot(self, i: int) -> int:
+        """Take a running sequence out of slot ``i``, keeping its progress; its KV is gone."""
+        t = self.table
+        rid = int(self.s_req[i])
+        rank = int(self.s_rank[i])
+        ctx = float(self.s_ctx[i])
+        t.decode_generated[rid] = int(t.output_len[rid]) - 1 - int(self.s_left[i])
+        t.kv_lost[rid] = True
+        held = ctx if self.preempt else float(t.input_len[rid] + t.output_len[rid])
+        self.batch[rank] -= 1
+        self.kv[rank] -= ctx
+        self.reserved[rank] -= held + self.seq_overhead
+        self.s_req[i] = -1
+        self.s_left[i] = _IDLE
+        self.s_ctx[i] = 0
+        self.free.append(i)
+        self.n -= 1
+        t.state[rid] = State.DECODE_WAIT
+        return rid
+
+    def _unassign(self, rid: int, rank: int) -> None:
+        t = self.table
+        self.assigned[rank] -= 1
+        self.assigned_kv[rank] -= float(t.input_len[rid] + t.output_len[rid])
+
+    def fail_rank(self, rank: int) -> list[int]:
+        """The rank dies: its running and queued requests leave it (progress kept, KV lost) and
+        are returned for re-routing; nothing is routed to it until ``repair_rank``."""
+        self.down[rank] = True
+        self.penalty[rank] = np.inf
+        self.rank_failures += 1
+        evicted = []
+        slots = np.flatnonzero((self.s_rank[: self.hw] == rank) & (self.s_req[: self.hw] >= 0))
+        for i in slots.tolist():
+            evicted.append(self._evict_slot(i))
+        while self.waiting[rank]:
+            rid = self.waiting[rank].popleft()
+            self.n_waiting -= 1
+            self.table.kv_lost[rid] = True
+            evicted.append(rid)
+        self.waiting_ranks.discard(rank)
+        for rid in evicted:
+            self._unassign(rid, rank)
+        return evicted
+
+    def repair_rank(self, rank: int) -> None:
+        self.down[rank] = False
+        self.penalty[rank] = 0.0
+
+    def _retire(self, idx: np.ndarray, now: float, k: int) -> None:
+        n = self.n
+        # Few sequences finish per step: scalar bookkeeping beats a dozen small numpy calls.
+        t = self.table
+        s_req, s_rank = self.s_req, self.s_rank
+        batch, kv, reserved, assigned = self.batch, self.kv, self.reserved, self.assigned
+        finished = []
+        for i in idx.tolist():
+            rid = int(s_req[i])
+            r = int(s_rank[i])
+            batch[r] -= 1
+            kv[r] -= float(self.s_ctx[i])
+            context = float(t.input_len[rid] + t.output_len[rid])
+            held = float(self.s_ctx[i]) if self.preempt else context
+            reserved[r] -= held + self.seq_overhead
+            self.assigned_kv[r] -= context
+            assigned[r] -= 1
+            t.t_done[rid] = now
+            t.decode_last_step[rid] = k
+            t.state[rid] = State.DONE
+            s_req[i] = -1
+            self.s_left[i] = _IDLE
+            self.s_ctx[i] = 0
+            finished.append(rid)
+        self.n = n - len(finished)
+        if self.n == 0:
+            self.hw = 0
+            self.free.clear()
+        else:
+            self.free.extend(idx.tolist())
+        for rid in finished:
+            self.on_done(rid)
+
+    # ---- after the run ------------------------------------------------------------------------
+    def step_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return (
+            np.asarray(self.step_end),
+            np.asarray(self.step_dt),
+            np.asarray(self.step_n),
+            np.asarray(self.step_new),
+        )
+
+    def check(self) -> list[str]:
+        errs = []
+        if (self.batch < 0).any() or (self.batch > self.max_seqs).any():
+            errs.append(f"decode group {self.idx}: batch out of [0, {self.max_seqs}]")
+        if (self.kv < -1e-6).any() or (self.reserved > self.kv_capacity + 1e-6).any():
+            errs.append(f"decode group {self.idx}: KV out of [0, capacity]")
+        if (self.kv > self.reserved + 1e-6).any():
+            errs.append(f"decode group {self.idx}: KV in use exceeds its reservation")
+        if int(self.batch.sum()) != self.n or int((self.s_req[: self.hw] >= 0).sum()) != self.n:
+            errs.append(f"decode group {self.idx}: per-rank batch does not match running slots")
+        return errs

@@ -1,0 +1,159 @@
+"""Expert-load model: how the routed tokens of a step spread over the experts of each MoE layer.
+
+One model serves every pool (the same weights see the same traffic). Popularity of expert e in
+MoE layer l for traffic class c:
+
+    p[c, l, e] ∝ base[l, e] · exp(class_sigma · G[c, l, e]) · exp(X[l, e])
+
+- ``base``: skewed per layer — Zipf (p ∝ rank^-skew over a random expert order) or Dirichlet
+  (concentration ``skew``; smaller is more skewed).
+- ``G``: a fixed standard-normal tilt per class, so the class mix of a step moves its load.
+- ``X``: a log-popularity walk shared by every class, mean-reverting (Ornstein-Uhlenbeck with
+  σ = ``drift_sigma`` per √s and reversion time ``drift_reversion_s``), started in its stationary
+  distribution and moved on a fixed ``drift_update_s`` grid, so the path depends on simulated time
+  only (not on who asks), and two scenarios with the same seed see the same drift.
+
+Hash-routed layers (the leading ``hash_routed_layers`` MoE layers) route by token id: uniform,
+no drift and no per-request bias.
+
+Within a step, a request's tokens route by their own distribution π ~ Dirichlet(κ·p[c]) (the
+tokens of one prompt share a topic; κ = ``request_concentration``), each token choosing top-k
+experts. ``rank_moments`` turns that into the mean and variance of every rank's load under a
+placement, which is all the per-step sampler needs (sim/stages/expert_parallel.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...models.spec import ModelSpec
+from ...rng import stream
+from ...scenario import ExpertLoad
+
+
+class ExpertLoadModel:
+    def __init__(
+        self, cfg: ExpertLoad, model: ModelSpec, class_names: Sequence[str], seed: int
+    ) -> None:
+        moe = model.moe
+        self.cfg = cfg
+        self.layers = model.moe_layer_count("decode")
+        self.experts = moe.routed_experts
+        self.top_k = moe.top_k
+        self.hashed = np.zeros(self.layers, dtype=bool)
+        self.hashed[: min(moe.hash_routed_layers, self.layers)] = True
+        # a request's routing bias: Var[share] = (Σ s²p − (Σ s p)²)·het (0 for hash routing)
+        self.het = np.where(self.hashed, 0.0, 1.0 / (cfg.request_concentration + 1.0))
+        log_base = np.log(self._base(stream(seed, "experts/base")))
+        tilts = []
+        for name in class_names:
+            g = stream(seed, f"experts/class/{name}").standard_normal(log_base.shape)
+            tilts.append(log_base + cfg.class_sigma * g)
+        self.log_class = np.stack(tilts)  # (C, L, E)
+        self.log_class[:, self.hashed, :] = 0.0
+        self._drift_rng = stream(seed, "experts/drift")
+        self._stationary_sd = cfg.drift_sigma * np.sqrt(cfg.drift_reversion_s / 2.0)
+        self.x = self._stationary_sd * self._drift_rng.standard_normal(log_base.shape)
+        self.x[self.hashed] = 0.0
+        decay = np.exp(-cfg.drift_update_s / cfg.drift_reversion_s)
+        self._decay = decay
+        self._innovation_sd = self._stationary_sd * np.sqrt(1.0 - decay * decay)
+        self.t_grid = 0.0  # simulated time the popularity below belongs to
+        self.version = 0  # bumped whenever ``pop`` changes
+        self.pop = self._popularity()
+
+    @property
+    def classes(self) -> int:
+        return self.log_class.shape[0]
+
+    def _base(self, rng: np.random.Generator) -> np.ndarray:
+        layers, experts = self.layers, self.experts
+        cfg = self.cfg
+        if cfg.family == "zipf":
+            ranks = np.arange(1, experts + 1, dtype=np.float64) ** -cfg.skew
+            base = np.stack([rng.permutation(ranks) for _ in range(layers)])
+        else:
+            base = rng.dirichlet(np.full(experts, cfg.skew), size=layers)
+            base = np.maximum(base, 1e-12)  # tiny alphas underflow to exact zeros
+        base[self.hashed] = 1.0
+        return base / base.sum(axis=1, keepdims=True)
+
+    def _popularity(self) -> np.ndarray:
+        """Current p[c, l, e], a fresh array (old ones stay valid for windows that hold them)."""
+        logits = self.log_class + self.x
+        logits -= logits.max(axis=2, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=2, keepdims=True)
+        return p
+
+    def advance(self, now: float) -> None:
+        """Move the drift to the last grid point at or before ``now``."""
+        step = self.cfg.drift_update_s
+        moved = False
+        while self.t_grid + step <= now:
+            self.t_grid += step
+            if self._innovation_sd > 0:
+                z = self._drift_rng.standard_normal(self.x.shape)
+                self.x = self._decay * self.x + self._innovation_sd * z
+                self.x[self.hashed] = 0.0
+                moved = True
+        if moved:
+            self.pop = self._popularity()
+            self.version += 1
+
+    def mean_popularity(self) -> np.ndarray:
+        """p[l, e] averaged over the classes (what a placement made without traffic sees)."""
+        return self.pop.mean(axis=0)
+
+
+class SlotWeights:
+    """A placement in the form the per-step moments need: for every physical slot (flattened
+    over layers) the index of its expert in a flattened (L, E) popularity, and 1/rep, 1/rep²
+    (zero for an empty slot)."""
+
+    __slots__ = ("flat", "ones", "ranks", "w1", "w2")
+
+    def __init__(self, phy2log: np.ndarray, replicas: np.ndarray, ranks: int) -> None:
+        layers, experts = replicas.shape
+        empty = phy2log >= experts
+        expert = np.where(empty, 0, phy2log)
+        rows = np.arange(layers)[:, None]
+        rep = replicas[rows, expert].astype(np.float64)
+        self.flat = (rows * experts + expert).ravel()
+        self.w1 = np.where(empty, 0.0, 1.0 / rep)  # (L, S)
+        self.w2 = self.w1 * self.w1
+        self.ranks = ranks
+        self.ones = np.ones(phy2log.shape[1] // ranks)
+
+
+def rank_moments(
+    pop: np.ndarray, phy2log: np.ndarray, replicas: np.ndarray, ranks: int, het: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per class, layer and rank, for one routed token-choice and one request under a placement:
+
+    - ``share`` q = Σ_slots p/rep — expected fraction of the layer's token-choices on the rank;
+    - ``q2`` = Σ_slots p/rep² — its Poisson variance per token-choice (tokens for a replicated
+      expert split evenly over its replicas);
+    - ``bias`` = (q2 − q²)·het — variance of a request's fraction from its routing bias.
+
+    ``pop`` (C, L, E); ``phy2log`` (L, S) logical expert per physical slot (E = an empty slot),
+    slots rank-major; ``replicas`` (L, E).
+    """
+    return slot_moments(pop, SlotWeights(phy2log, replicas, ranks), het)
+
+
+def slot_moments(
+    pop: np.ndarray, slots: SlotWeights, het: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`rank_moments` for a placement already in :class:`SlotWeights` form."""
+    c, layers, _ = pop.shape
+    per_slot = np.take(pop.reshape(c, -1), slots.flat, axis=1).reshape(c, layers, -1)  # (C, L, S)
+    shape = (c, layers, slots.ranks, -1)
+    ones = slots.ones
+    # summing a short last axis is faster as a matmul with ones than as .sum(axis=-1)
+    share = (per_slot * slots.w1).reshape(shape) @ ones
+    q2 = (per_slot * slots.w2).reshape(shape) @ ones
+    bias = np.maximum(q2 - share * share, 0.0) * het[None, :, None]
+    return share, q2, bias

@@ -1,0 +1,214 @@
+"""One EP group's experts at run time: its placement, EPLB statistics and each step's imbalance.
+
+Every step the group reports the routed tokens it runs per traffic class and per layer set (a
+prefill step runs its chunks through the prefill layers and its SWA replay through the
+replay-only layers; a decode step runs every layer), together with Σ t² over its requests.
+``step`` then
+
+1. rebalances when the period is up: EPLB on the window's expert loads, sampled in aggregate
+   (each expert's count ~ Normal with the Poisson-plus-request-bias variance of its mean); the
+   weights that move are a stall charged to this step;
+2. samples every (layer, rank) load of this step from the same moments under the current
+   placement (numpy, (L, R) normals — never per token) and returns the step-level factor
+   Σ_layers max_r / Σ_layers mean_r that the step cost multiplies into its MoE time.
+
+The popularity the group sees moves with the shared :class:`ExpertLoadModel`; shares under the
+placement are recomputed only when either changes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from ...models.registry import load_hardware, load_model
+from ...scenario import EplbPool, Scenario
+from ..policies.eplb import Placement, match_ranks, moved_experts, rebalance, static_placement
+from .expert_load import ExpertLoadModel, SlotWeights, slot_moments
+
+Pool = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    ranks: int
+    redundant_per_rank: int
+    layer_set: np.ndarray  # (L,) which of the step's token counts each MoE layer runs
+    expert_bytes: float
+    move_bytes_per_s: float  # per rank, into the rank
+    groups: int = 1  # expert groups of the model (hierarchical EPLB)
+    nodes: int = 1  # nodes the EP group spans
+
+
+def pool_layer_sets(sc: Scenario, pool: Pool) -> np.ndarray:
+    """(L,) layer set of each MoE layer: prefill chunks run set 0, SWA replay the replay-only
+    layers (set 1); decode runs every layer as set 0."""
+    model = load_model(sc.model)
+    layers = np.arange(model.moe_layer_count("decode"))
+    if pool == "prefill":
+        return (layers >= model.moe_layer_count("prefill")).astype(np.int64)
+    return np.zeros(layers.size, dtype=np.int64)
+
+
+def group_shape(sc: Scenario, pool: Pool, ep: int, redundant: int) -> GroupShape:
+    """The EP group geometry of a pool at this width (weights move over its scale-up link)."""
+    model = load_model(sc.model)
+    pools = sc.pools
+    hw = load_hardware(pools.prefill.hardware if pool == "prefill" else pools.decode.hardware)
+    within = ep <= hw.scaleup.domain_gpus
+    return GroupShape(
+        ranks=ep,
+        redundant_per_rank=redundant,
+        layer_set=pool_layer_sets(sc, pool),
+        expert_bytes=model.expert_bytes,
+        move_bytes_per_s=hw.scaleup.bytes_per_s_per_dir if within else hw.scaleout.bytes_per_s,
+        groups=model.moe.expert_groups,
+        nodes=-(-ep // hw.scaleup.domain_gpus),
+    )
+
+
+class GroupExperts:
+    def __init__(
+        self,
+        load: ExpertLoadModel,
+        policy: EplbPool,
+        shape: GroupShape,
+        rng: np.random.Generator,
+    ) -> None:
+        self.load = load
+        self.policy = policy
+        self.shape = shape
+        self.rng = rng
+        self.eplb = policy.policy == "eplb"
+        layers, experts = load.layers, load.experts
+        self.placement = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
+        if self.eplb and policy.warm_start:
+            self.placement = self._eplb(load.mean_popularity())
+        self.window: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(
+            maxlen=policy.window_steps
+        )
+        # a group joins mid-schedule, so groups do not rebalance in step
+        self.since = int(rng.integers(policy.period_steps)) if self.eplb else 0
+        self._version = -1
+        self.rebalances = 0
+        self.moved_bytes = 0.0
+        self.moved_experts = 0
+        self.stall_total_s = 0.0
+        self.factor_sum = 0.0
+        self.factor_steps = 0
+        self.factors: list[float] = []  # every step's factor, for the summary's percentiles
+        self.trace: list[tuple[float, np.ndarray, np.ndarray]] | None = None  # set to record
+        self._slots = self._slot_weights()
+        self._moments: tuple[np.ndarray, np.ndarray, np.ndarray] = slot_moments(
+            load.pop, self._slots, load.het
+        )
+
+    def _eplb(self, weight: np.ndarray) -> Placement:
+        s = self.shape
+        return rebalance(weight, s.ranks, s.redundant_per_rank, s.groups, s.nodes)
+
+    def place(self, placement: Placement) -> None:
+        """Adopt a placement (the moments are recomputed at the next step)."""
+        self.placement = placement
+        self._slots = self._slot_weights()
+        self._version = -1
+
+    def _slot_weights(self) -> SlotWeights:
+        p = self.placement
+        return SlotWeights(p.phy2log, p.replicas, p.ranks)
+
+    def _refresh(self) -> None:
+        load = self.load
+        if self._version != load.version:
+            self._moments = slot_moments(load.pop, self._slots, load.het)
+            self._version = load.version
+
+    def step(self, now: float, tokens: np.ndarray, sq_tokens: np.ndarray) -> tuple[float, float]:
+        """(imbalance factor, stall seconds) of a step running ``tokens`` (C, sets) routed
+        tokens per class and layer set, whose requests' tokens square-sum to ``sq_tokens``."""
+        self.load.advance(now)
+        stall = 0.0
+        if self.eplb:
+            self.since += 1
+            if self.since >= self.policy.period_steps and self.window:
+                stall = self._rebalance()
+            self.window.append((self.load.pop, tokens, sq_tokens))
+        factor = self._sample(tokens, sq_tokens)
+        self.factor_sum += factor
+        self.factor_steps += 1
+        self.factors.append(factor)
+        if self.trace is not None:
+            self.trace.append((now, tokens, sq_tokens))
+        return factor, stall
+
+    def _sample(self, tokens: np.ndarray, sq_tokens: np.ndarray) -> float:
+        self._refresh()
+        share, q2, bias = self._moments
+        k = self.load.top_k
+        sets = self.shape.layer_set
+        if share.shape[0] == 1:  # one traffic class: skip the sums over classes
+            t1 = (tokens[0, sets] * k)[:, None]  # (L, 1) token-choices per layer
+            mean = share[0] * t1
+            var = q2[0] * t1
+            var += bias[0] * (sq_tokens[0, sets] * (k * k))[:, None]
+        else:
+            t = (tokens[:, sets] * k)[:, :, None]  # (C, L, 1)
+            h = (sq_tokens[:, sets] * (k * k))[:, :, None]
+            mean = (t * share).sum(axis=0)
+            var = (t * q2 + h * bias).sum(axis=0)
+        z = self.rng.standard_normal(mean.shape)
+        loads = np.sqrt(var, out=var)  # the (L, R) loads, built in place
+        loads *= z
+        loads += mean
+        np.maximum(loads, 0.0, out=loads)
+        total = loads.sum()
+        if total <= 0:
+            return 1.0
+        return float(loads.max(axis=1).sum() * self.shape.ranks / total)
+
+    def window_loads(self) -> np.ndarray:
+        """(L, E) expert loads over the statistics window, sampled in aggregate."""
+        load = self.load
+        sets = self.shape.layer_set
+        k = load.top_k
+        mean = np.zeros((load.layers, load.experts))
+        bias_var = np.zeros_like(mean)
+        # steps under the same popularity snapshot are summed before touching (C, L, E) arrays
+        runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for pop, tok, sq in self.window:
+            if runs and runs[-1][0] is pop:
+                runs[-1] = (pop, runs[-1][1] + tok, runs[-1][2] + sq)
+            else:
+                runs.append((pop, tok, sq))
+        for pop, tok, sq in runs:
+            t = tok[:, sets] * k
+            h = sq[:, sets] * (k * k)
+            mean += np.einsum("cl,cle->le", t, pop)
+            bias_var += np.einsum("cl,cle->le", h, pop * (1.0 - pop))
+        var = mean + bias_var * load.het[:, None]
+        return np.maximum(mean + np.sqrt(var) * self.rng.standard_normal(mean.shape), 0.0)
+
+    def _rebalance(self) -> float:
+        s = self.shape
+        old = self.placement
+        new = self._eplb(self.window_loads())
+        experts = self.load.experts
+        if self.policy.minimize_moves:
+            new = match_ranks(old, new, experts, s.nodes)
+        moved = moved_experts(old, new, experts)  # (L, R)
+        self.place(new)
+        self.since = 0
+        self.rebalances += 1
+        n_moved = int(moved.sum())
+        self.moved_experts += n_moved
+        self.moved_bytes += n_moved * s.expert_bytes
+        stall = float(moved.sum(axis=0).max()) * s.expert_bytes / s.move_bytes_per_s
+        self.stall_total_s += stall
+        return stall
+
+    @property
+    def imbalance_mean(self) -> float:
+        return self.factor_sum / self.factor_steps if self.factor_steps else float("nan")

@@ -1,0 +1,237 @@
+"""Prefill instances: chunked prefill on EP = DP ranks, one event per engine step.
+
+Each request admitted to an instance is placed on the DP rank with the least outstanding work
+and joins that rank's first-come-first-served list. Every step, each rank walks its list and
+gives each sequence the largest chunk that still fits the step: the fitted quadratic cost model
+t = a + Σ (b·n + c·n·p + d·n²) predicts the step's time, the closed-form solver
+(``chunking.largest_chunk``) picks n within the remaining step-time budget, capped by the
+sequence's remaining tokens and the rank's token budget (32,768 by default). Several sequences
+share a step; a long prompt spans several steps; each chunk attends to everything computed
+before it (p grows).
+
+``whole_prompts=True`` is the simple baseline policy instead: first come, first served, whole
+prompts within the token budget (a prompt larger than the budget runs alone in its step).
+
+SWA replay rides along: a request whose prefix-cache hit has no SWA slot first recomputes the
+last tokens of the hit prefix through the prefill layers (counted as replay, not as new tokens),
+and when a prompt's last chunk runs, its decoder-layer replay segment (128 tokens bounded, 2,560
+exact) runs in the same step through the decoder layers. The step time comes from
+``StepCost.prefill_step`` on the exact chunks, not from the fitted quadratic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from ...models.cost import Chunk, StepCost
+from ..core.requests import RequestTable, State
+from ..core.steploop import StepLoop
+from ..policies.chunking import chunk_time, largest_chunk
+from .expert_parallel import GroupExperts
+
+
+class PrefillSeq:
+    """A prompt being prefilled: positions [pos, end) still to compute."""
+
+    __slots__ = ("dec_replay", "enc_left", "end", "pos", "rank", "rid")
+
+    def __init__(self, rid: int, rank: int, start: int, end: int, enc: int, dec: int) -> None:
+        self.rid = rid
+        self.rank = rank
+        self.pos = start  # next position to compute (the computed prefix)
+        self.end = end
+        self.enc_left = enc  # leading positions that are encoder SWA replay, not new tokens
+        self.dec_replay = dec  # decoder-layer replay tokens run with the last chunk
+
+
+class PrefillStats:
+    __slots__ = ("chunk_tokens", "compute_tokens", "flops", "replay_flops", "replay_tokens")
+
+    def __init__(self) -> None:
+        self.chunk_tokens = 0  # positions scheduled in chunks (new + encoder replay): the budget
+        self.compute_tokens = 0
+        self.replay_tokens = 0
+        self.flops = 0.0
+        self.replay_flops = 0.0
+
+
+class PrefillInstance(StepLoop):
+    __slots__ = (
+        "busy_s",
+        "cost",
+        "dp",
+        "experts",
+        "flops",
+        "idx",
+        "imbalance",
+        "machine",
+        "max_tokens",
+        "on_done",
+        "outstanding_s",
+        "quad",
+        "rank_tokens",
+        "ranks",
+        "stats",
+        "step_items",
+        "steps",
+        "table",
+        "time_budget",
+        "traffic_class",
+        "whole",
+    )
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        idx: int,
+        machine: int,
+        cost: StepCost,
+        dp: int,
+        max_tokens_per_step: int,
+        step_time_budget_s: float,
+        imbalance: float,
+        table: RequestTable,
+        flops: Callable[[int, int, bool], float],
+        on_done: Callable[[int, int], None],
+        whole_prompts: bool = False,
+        experts: GroupExperts | None = None,
+        traffic_class: np.ndarray | None = None,
+    ) -> None:
+        super().__init__(env)
+        self.experts = experts  # live expert imbalance; None: the constant ``imbalance``
+        self.traffic_class = traffic_class
+        self.whole = whole_prompts
+        self.idx = idx
+        self.machine = machine
+        self.cost = cost
+        self.dp = dp
+        self.max_tokens = max_tokens_per_step
+        self.time_budget = step_time_budget_s
+        self.imbalance = imbalance
+        self.table = table
+        self.flops = flops  # (n, p, replay_layers) -> FLOPs
+        self.on_done = on_done
+        self.quad = cost.prefill_quadratic(imbalance)
+        self.ranks: list[list[PrefillSeq]] = [[] for _ in range(dp)]
+        self.rank_tokens = [0] * dp  # tokens left to compute per rank
+        self.outstanding_s = 0.0  # predicted seconds of work queued here (router signal)
+        self.step_items: list[tuple[PrefillSeq, int, int]] = []  # (seq, n, replay) of this step
+        self.busy_s = 0.0
+        self.steps = 0
+        self.stats = PrefillStats()
+
+    def predicted_s(self, n: int, p: int) -> float:
+        _, b, c, d = self.quad
+        return chunk_time(n, p, b, c, d)
+
+    @property
+    def queued(self) -> int:
+        return sum(len(r) for r in self.ranks)
+
+    def submit(self, rid: int, start: int, enc_replay: int, dec_replay: int) -> None:
+        """Prefill request ``rid`` from position ``start`` (its first ``enc_replay`` positions
+        recompute SWA state of the cached prefix) and replay ``dec_replay`` decoder tokens."""
+        end = int(self.table.input_len[rid])
+        rank = self.rank_tokens.index(min(self.rank_tokens))
+        self.ranks[rank].append(PrefillSeq(rid, rank, start, end, enc_replay, dec_replay))
+        self.rank_tokens[rank] += end - start
+        self.outstanding_s += self.predicted_s(end - start, start)
+        self.table.state[rid] = State.PREFILL
+        self.table.prefill_instance[rid] = self.idx
+        self.kick()
+
+    def begin_step(self) -> float | None:
+        if not any(self.ranks):
+            return None
+        a, b, c, d = self.quad
+        chunks: list[list[Chunk]] = []
+        replays: list[list[Chunk]] = []
+        running = self.step_items
+        running.clear()
+        now = self.env.now
+        start_col = self.table.t_prefill_start
+        for seqs in self.ranks:
+            rank_chunks: list[Chunk] = []
+            rank_replay: list[Chunk] = []
+            time_left = self.time_budget - a
+            tokens_left = self.max_tokens
+            for seq in seqs:
+                remaining = seq.end - seq.pos
+                if self.whole:  # whole prompts within the token budget; a big one runs alone
+                    n = remaining if (remaining <= tokens_left or not rank_chunks) else 0
+                else:
+                    n = min(remaining, tokens_left, largest_chunk(time_left, seq.pos, b, c, d))
+                if n <= 0:
+                    break
+                rank_chunks.append((n, seq.pos))
+                replay = 0
+                if n == remaining and seq.dec_replay:
+                    replay = seq.dec_replay
+                    rank_replay.append((replay, seq.end - replay))
+                running.append((seq, n, replay))
+                time_left -= chunk_time(n, seq.pos, b, c, d)
+                tokens_left -= n
+                if tokens_left <= 0 or (time_left <= 0 and not self.whole):
+                    break
+            chunks.append(rank_chunks)
+            replays.append(rank_replay)
+        for seq, _, _ in running:
+            if start_col[seq.rid] != start_col[seq.rid]:  # NaN: first chunk of this request
+                start_col[seq.rid] = now
+        imbalance, stall = self.imbalance, 0.0
+        if self.experts is not None:
+            imbalance, stall = self._expert_step(now)
+        return stall + self.cost.prefill_step(chunks, imbalance, replays)
+
+    def _expert_step(self, now: float) -> tuple[float, float]:
+        """Routed tokens of this step per class (chunks: prefill layers; decoder replay: the
+        replay-only layers) and their per-request square sums, handed to the expert balance."""
+        assert self.experts is not None
+        classes = self.experts.load.classes
+        tokens = np.zeros((classes, 2))
+        sq = np.zeros((classes, 2))
+        cls = self.traffic_class
+        for seq, n, replay in self.step_items:
+            c = int(cls[seq.rid]) if classes > 1 and cls is not None else 0
+            tokens[c, 0] += n
+            sq[c, 0] += n * n
+            if replay:
+                tokens[c, 1] += replay
+                sq[c, 1] += replay * replay
+        return self.experts.step(now, tokens, sq)
+
+    def end_step(self, dt: float) -> None:
+        self.busy_s += dt
+        self.steps += 1
+        stats = self.stats
+        now = self.env.now
+        finished: list[int] = []
+        for seq, n, replay in self.step_items:
+            enc = min(n, seq.enc_left)
+            seq.enc_left -= enc
+            stats.chunk_tokens += n
+            stats.compute_tokens += n - enc
+            stats.replay_tokens += enc + replay
+            flops = self.flops(n, seq.pos, False)
+            stats.flops += flops
+            if replay:
+                rf = self.flops(replay, seq.end - replay, True)
+                stats.flops += rf
+                stats.replay_flops += rf
+            if enc:
+                stats.replay_flops += flops * enc / n
+            self.outstanding_s -= self.predicted_s(n, seq.pos)
+            self.rank_tokens[seq.rank] -= n
+            seq.pos += n
+            if seq.pos >= seq.end:
+                self.ranks[seq.rank].remove(seq)
+                self.table.t_prefill_end[seq.rid] = now
+                finished.append(seq.rid)
+        self.step_items.clear()
+        if not any(self.ranks):
+            self.outstanding_s = 0.0  # drop accumulated float round-off
+        for rid in finished:
+            self.on_done(rid, self.idx)

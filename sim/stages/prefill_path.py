@@ -1,0 +1,238 @@
+"""The prefill path: everything between a request's arrival (after any vision encoding) and the
+hand-off of its finished prompt to the P->D transfer.
+
+    prefix lookup (chained block hashes) -> length tier -> router picks an instance
+    -> SWA lookup for the hit prefix (local / remote / miss) -> read the hit KV from the store
+       (the 3FS cluster's erasure-coded read, sim/stages/kvstore.py) and load it (and a remote SWA
+       slot) over the instance's ingress link -> chunked prefill (prefill.py)
+    -> write the new blocks back to the store (over the instance's egress link, shared with
+       P->D transfers) and keep the prompt's SWA slot on this machine -> on_prefilled
+
+A prefix hit is whole blocks and always leaves at least one token to compute. On an SWA miss
+the last ``bounded_replay_tokens`` of the hit prefix are recomputed through the prefill layers;
+every prompt also rebuilds its decoder-layer SWA state, replaying its last 128 tokens (bounded)
+or 2,560 (exact) through the decoder layers. Replay never enters the prefix cache.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+import simpy
+
+from ...errors import ConfigError
+from ...models.attention import AttentionCost
+from ...models.cost import StepCost
+from ...models.hardware import HardwareSpec
+from ...models.spec import ModelSpec
+from ...rng import stream
+from ...scenario import Scenario
+from ...traces import RequestSource
+from ..core.network import Link
+from ..core.requests import RequestTable, State
+from ..policies.router import Route, make_router
+from .expert_parallel import GroupExperts
+from .kvstore import KvStore
+from .prefill import PrefillInstance
+from .prefix_cache import MemoryPrefixStore, PrefixStore
+from .swa import SwaDirectory, SwaLookup
+
+
+def flop_counter(model: ModelSpec) -> Callable[[int, int, bool], float]:
+    """FLOPs of n tokens after a prefix p through the prefill layers, or (replay) the decoder."""
+    attn = AttentionCost.of(model)
+    pre = sum(model.linear_flops_per_token("prefill"))
+    rep = sum(model.linear_flops_per_token("replay"))
+    pre_attn, rep_attn = attn.prefill_flops, attn.replay_flops
+
+    def flops(n: int, p: int, replay: bool) -> float:
+        if replay:
+            return n * rep + rep_attn.chunk(n, p)
+        return n * pre + pre_attn.chunk(n, p)
+
+    return flops
+
+
+class PrefillPath:
+    def __init__(
+        self,
+        sc: Scenario,
+        model: ModelSpec,
+        hw: HardwareSpec,
+        env: simpy.Environment,
+        table: RequestTable,
+        source: RequestSource,
+        cost: StepCost,
+        imbalance: float,
+        egress: list[Link],
+        on_prefilled: Callable[[int, int], None],
+        experts_for: Callable[[int], GroupExperts | None] = lambda i: None,
+    ) -> None:
+        pool = sc.pools.prefill
+        self.env, self.table, self.source, self.model = env, table, source, model
+        self.block = source.block_tokens
+        self.on_prefilled = on_prefilled
+        self.egress = egress
+        self.kv_per_token = model.kv_bytes_per_token()
+        self.slot_bytes = model.swa_slot_bytes
+        cache = sc.cache
+        self.store: PrefixStore | None = None
+        self.kv: KvStore | None = None  # the 3FS store when the scenario has storage nodes
+        if cache.prefix.enabled and sc.pools.storage.nodes:
+            block_bytes = self.kv_per_token * self.block
+            rng = stream(sc.seed, "storage")
+            self.kv = KvStore(sc.pools.storage, source.class_names, block_bytes, rng)
+            self.store = self.kv
+        elif cache.prefix.enabled:
+            cap = cache.prefix.capacity_tokens
+            self.store = MemoryPrefixStore(None if cap is None else max(1, cap // self.block))
+        self.enc_replay = model.swa.bounded_replay_tokens if model.replay_only_layers else 0
+        swa = model.swa
+        dec = swa.exact_replay_tokens if cache.swa.mode == "exact" else swa.bounded_replay_tokens
+        self.dec_replay = dec if model.replay_only_layers else 0
+        per_machine = max(1, hw.gpus_per_node // pool.ep)
+        machines = -(-pool.instances // per_machine)
+        host = hw.host_memory_bytes_per_gpu * hw.gpus_per_node * cache.swa.host_fraction
+        self.swa: SwaDirectory | None = None
+        if self.slot_bytes > 0 and model.replay_only_layers:
+            self.swa = SwaDirectory(machines, max(1, int(host // self.slot_bytes)))
+        load_bw = cache.prefix.load_gbps_per_8_gpus * 1e9 / 8 * pool.ep / 8
+        self.vlan_bw = cache.swa.vlan_gbps * 1e9 / 8
+        self.ingress = [
+            Link(env, f"load{i}", load_bw, sc.network.latency_s) for i in range(pool.instances)
+        ]
+        flops = flop_counter(model)
+        self.instances = [
+            PrefillInstance(
+                env,
+                i,
+                i // per_machine,
+                cost,
+                pool.ep,
+                pool.max_tokens_per_step,
+                pool.step_time_budget_s,
+                imbalance,
+                table,
+                flops,
+                self._prefilled,
+                whole_prompts=pool.scheduler == "whole",
+                experts=experts_for(i),
+                traffic_class=source.traffic_class,
+            )
+            for i in range(pool.instances)
+        ]
+        a, b, c, d = self.instances[0].quad
+        worst = a + b + c * model.max_context_tokens + d
+        if worst > pool.step_time_budget_s:
+            raise ConfigError(
+                "pools.prefill.step_time_budget_s",
+                f"{pool.step_time_budget_s} s cannot fit one token at the model's "
+                f"{model.max_context_tokens:,}-token context (needs {worst:.4g} s)",
+            )
+        tiers = sc.policies.tiers
+        self.boundaries = list(tiers.boundaries)
+        self.router = make_router(
+            sc.policies.prefill_router,
+            env,
+            self.instances,
+            len(tiers.boundaries) + 1,
+            tiers.round_s,
+            sc.policies.affinity_slack_s,
+        )
+        self.hit_blocks: dict[int, int] = {}
+        self.store_writes = 0
+        self.read_latencies: list[float] = []  # storage-side seconds of every hit read
+        self.hit_tokens_total = 0
+        self.input_tokens_total = 0
+
+    # ---- arrival side ---------------------------------------------------------------------------
+    def admit(self, rid: int) -> None:
+        t, src = self.table, self.source
+        n_in = int(t.input_len[rid])
+        hashes = src.blocks(rid)
+        cls = int(src.traffic_class[rid])
+        k = self.store.lookup(hashes, self.env.now, cls) if self.store is not None else 0
+        k = min(k, (n_in - 1) // self.block)  # leave at least one token to compute
+        hit = k * self.block
+        key = int(hashes[k - 1]) if k else -1
+        holder = self.swa.holder(key) if (self.swa is not None and k) else None
+        tier = bisect.bisect_right(self.boundaries, n_in)
+        work = self.instances[0].predicted_s(n_in - hit, hit)
+        inst = self.router.choose(rid, Route(tier, work, -1 if holder is None else holder))
+        instance = self.instances[inst]
+        enc = 0
+        load = hit * self.kv_per_token
+        fetch = 0.0
+        if k and self.swa is not None:
+            found = self.swa.lookup(key, instance.machine)
+            t.swa_lookup[rid] = int(found) + 1
+            if found == SwaLookup.MISS:
+                enc = min(self.enc_replay, hit)
+            elif found == SwaLookup.REMOTE:
+                fetch = self.slot_bytes
+        t.hit_tokens[rid] = hit
+        self.hit_tokens_total += hit
+        self.input_tokens_total += n_in
+        t.tier[rid] = tier
+        t.enc_replay[rid] = enc
+        t.dec_replay[rid] = min(self.dec_replay, n_in)
+        self.hit_blocks[rid] = k
+        start = hit - enc
+        t.state[rid] = State.PREFILL  # at its instance, loading its cached prefix first
+        if load or fetch:
+            # a remote slot comes over the VLAN: charge it at the ingress link's rate ratio
+            nbytes = load + fetch * self.ingress[inst].bytes_per_s / self.vlan_bw
+            link = self.ingress[inst]
+
+            def transfer(_event: object = None) -> None:
+                link.send(
+                    rid, nbytes, lambda r: instance.submit(r, start, enc, int(t.dec_replay[r]))
+                )
+
+            read_s = self.kv.read(hashes[:k], self.env.now) if self.kv is not None else 0.0
+            if read_s > 0:
+                self.read_latencies.append(read_s)
+                self.env.timeout(read_s).callbacks.append(transfer)
+            else:
+                transfer()
+        else:
+            instance.submit(rid, start, enc, int(t.dec_replay[rid]))
+
+    # ---- completion side ------------------------------------------------------------------------
+    def _prefilled(self, rid: int, inst: int) -> None:
+        k = self.hit_blocks.pop(rid)
+        hashes = self.source.blocks(rid)
+        n_in = int(self.table.input_len[rid])
+        if self.store is not None and k < hashes.size:
+            new = hashes[k:]
+            nbytes = (n_in - k * self.block) * self.kv_per_token
+            cls = int(self.source.traffic_class[rid])
+            store = self.store
+            self.store_writes += 1
+            self.egress[inst].send(
+                2 * rid + 1, nbytes, lambda _f: store.insert(new, self.env.now, cls)
+            )
+        full = n_in // self.block
+        if self.swa is not None and full:
+            self.swa.insert(int(hashes[full - 1]), self.instances[inst].machine)
+        self.on_prefilled(rid, inst)
+
+    # ---- invariants -----------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Every replayed and computed token accounted for; SWA slots within host memory."""
+        errs = self.swa.check() if self.swa is not None else []
+        if self.kv is not None:
+            errs.extend(self.kv.check())
+        t = self.table
+        if any(inst.queued for inst in self.instances) or any(link.active for link in self.ingress):
+            return errs  # a run cut by its horizon: prompts are mid-prefill
+        done = t.t_prefill_end == t.t_prefill_end  # not NaN
+        replay = int((t.enc_replay[done] + t.dec_replay[done]).sum())
+        compute = int((t.input_len[done] - t.hit_tokens[done]).sum())
+        stats = [inst.stats for inst in self.instances]
+        if sum(s.replay_tokens for s in stats) != replay:
+            errs.append("replayed tokens do not add up to the requests' replay")
+        if sum(s.compute_tokens for s in stats) != compute:
+            errs.append("computed prefill tokens do not add up to prompts minus hits")
+        return errs

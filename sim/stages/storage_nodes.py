@@ -1,0 +1,143 @@
+"""The storage nodes of the KV-cache cluster: their bandwidth queues, erasure-coded reads and
+writes, failures and rebuilds.
+
+Nodes form disjoint coding groups of ``data + parity`` nodes (10 + 2 by default); a block's
+stripe has one chunk of ``block / data`` bytes on every node of its group. Each node is a FIFO
+work queue measured in seconds of its own time: a read chunk costs ``bytes / read_bw``, a write
+chunk ``bytes / write_bw``, so concurrent reads and writes share the node. A node answers
+``queue wait + service + latency`` with the latency exponential around ``node_latency_s``.
+
+- A read goes to ``data + 1`` live nodes of the group (the least busy) and completes at the
+  ``data``-th answer (an order statistic). With fewer live nodes than that (parity failed) it
+  must wait for all ``data`` survivors: a degraded read.
+- A write goes to every live node and completes at the last one.
+- A group with more than ``parity`` failed nodes has lost its stripes (the block index drops
+  them); after repair, a node of a surviving group is rebuilt: ``data`` survivors each read the
+  repaired node's share and it writes it back, occupying their queues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ...scenario import StoragePool
+
+
+class StorageNodes:
+    __slots__ = (
+        "_drawn",
+        "_next",
+        "busy",
+        "cfg",
+        "data",
+        "degraded_reads",
+        "failed",
+        "groups",
+        "latency_s",
+        "read_bytes",
+        "read_s_per_byte",
+        "rebuild_bytes",
+        "recorder",
+        "rng",
+        "width",
+        "write_bytes",
+        "write_s_per_byte",
+    )
+
+    def __init__(self, cfg: StoragePool, rng: np.random.Generator) -> None:
+        self.cfg = cfg
+        self.rng = rng
+        self.width = cfg.width
+        self.data = cfg.data_chunks
+        self.groups = cfg.nodes // cfg.width
+        # plain lists: a group is 12 nodes, where numpy's per-call overhead would dominate
+        self.busy = [0.0] * cfg.nodes  # time each node's queue drains
+        self.failed = [False] * cfg.nodes
+        self.read_s_per_byte = 1.0 / (cfg.read_gbytes_per_s * 1e9)
+        self.write_s_per_byte = 1.0 / (cfg.write_gbytes_per_s * 1e9)
+        self.latency_s = cfg.node_latency_s
+        self._drawn: list[float] = []
+        self._next = 0
+        self.read_bytes = 0.0
+        self.write_bytes = 0.0
+        self.rebuild_bytes = 0.0
+        self.degraded_reads = 0
+        # (nodes, service s, service end per node, bytes per node, is write) per queued chunk
+        # set: the timeline export's recorder (sim/results/timeline.py); None, the default,
+        # records nothing
+        self.recorder: Callable[[list[int], float, list[float], float, bool], None] | None = None
+
+    def members(self, group: int) -> range:
+        return range(group * self.width, (group + 1) * self.width)
+
+    def live(self, group: int) -> list[int]:
+        failed = self.failed
+        return [n for n in self.members(group) if not failed[n]]
+
+    def failed_in(self, group: int) -> int:
+        return sum(self.failed[group * self.width : (group + 1) * self.width])
+
+    def readable(self, group: int) -> bool:
+        return self.failed_in(group) <= self.cfg.parity_chunks
+
+    def _serve(self, nodes: list[int], nbytes: float, s_per_byte: float, now: float) -> list[float]:
+        """Queue ``nbytes`` on each of ``nodes``; their answer times."""
+        busy = self.busy
+        service = nbytes * s_per_byte
+        done = []
+        for n in nodes:
+            t = max(busy[n], now) + service
+            busy[n] = t
+            done.append(t)
+        if self.recorder is not None:
+            self.recorder(nodes, service, done, nbytes, s_per_byte == self.write_s_per_byte)
+        if self.latency_s > 0:
+            lat = self._latencies(len(nodes))
+            done = [d + x for d, x in zip(done, lat, strict=True)]
+        return done
+
+    def _latencies(self, n: int) -> list[float]:
+        """``n`` exponential node latencies, drawn from the stream in blocks."""
+        if self._next + n > len(self._drawn):
+            rest = self._drawn[self._next :]
+            self._drawn = rest + self.rng.exponential(self.latency_s, 4096).tolist()
+            self._next = 0
+        out = self._drawn[self._next : self._next + n]
+        self._next += n
+        return out
+
+    def read(self, group: int, nbytes: float, now: float) -> float:
+        """Seconds until ``nbytes`` of ``group``'s stripes are decoded (group must be readable)."""
+        live = self.live(group)
+        want = self.data + 1
+        if len(live) > want:
+            busy = self.busy
+            live = sorted(live, key=busy.__getitem__)[:want]
+        elif len(live) < want:
+            self.degraded_reads += 1
+        self.read_bytes += nbytes * len(live) / self.data
+        answers = self._serve(live, nbytes / self.data, self.read_s_per_byte, now)
+        return sorted(answers)[self.data - 1] - now
+
+    def write(self, group: int, nbytes: float, now: float) -> float:
+        """Seconds until every live node of ``group`` holds its chunk of ``nbytes``."""
+        live = self.live(group)
+        self.write_bytes += nbytes * len(live) / self.data
+        return max(self._serve(live, nbytes / self.data, self.write_s_per_byte, now)) - now
+
+    def fail(self, node: int) -> None:
+        self.failed[node] = True
+
+    def repair(self, node: int, group_bytes: float, now: float) -> None:
+        """Bring ``node`` back; if its group kept its data, rebuild the node's share of it."""
+        self.failed[node] = False
+        group = node // self.width
+        share = group_bytes / self.data
+        if share <= 0 or not self.readable(group):
+            return
+        sources = [n for n in self.live(group) if n != node][: self.data]
+        self._serve(sources, share, self.read_s_per_byte, now)
+        self._serve([node], share, self.write_s_per_byte, now)
+        self.rebuild_bytes += share * (len(sources) + 1)
