@@ -19,6 +19,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import simpy
@@ -54,14 +55,17 @@ from .requests import RejectReason, RequestTable, State
 
 
 class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that reports how many events it scheduled (``sim.events``)."""
+    """A SimPy environment that counts the events it schedules (``sim.events``)."""
 
-    @property
-    def events(self) -> int:
-        # SimPy numbers every scheduled event from one counter; peeking at it costs nothing on
-        # the hot path (overriding schedule() would cost a Python call per event).
-        # repr(itertools.count(7)) == "count(7)"
-        return int(repr(self._eid)[len("count(") : -1])
+    def __init__(self, initial_time: float = 0) -> None:
+        super().__init__(initial_time)
+        self.events = 0
+
+    def schedule(
+        self, event: simpy.events.Event, priority: Any = simpy.events.NORMAL, delay: float = 0
+    ) -> None:
+        self.events += 1
+        super().schedule(event, priority, delay)
 
 
 def make_step_cost(
