@@ -26,9 +26,9 @@ from .models.cost import RooflineParams, StepParams
 from .models.registry import bundled_dir, load_hardware, load_model, resolve
 from .models.spec import ModelSpec
 from .traces.builtin import BUILTIN_PREFIX, BUILTIN_TRACES
-from .traces.multimodal import MultimodalWorkload
-from .traces.sessions import CLASS_NAMES as SESSION_CLASSES
-from .traces.sessions import SessionWorkload
+from .traces.synth.multimodal import MultimodalWorkload
+from .traces.synth.sessions import CLASS_NAMES as SESSION_CLASSES
+from .traces.synth.sessions import SessionWorkload
 from .validation import FrozenModel, read_yaml, validate
 
 # Upper bounds of sizes, rates and time grids (issue 16): generous, so that a real deployment
@@ -514,8 +514,9 @@ class Workload(FrozenModel):
     trace: str = "builtin:mooncake_conversation"
     sessions: SessionWorkload | None = Field(
         None,
-        description="generate a multi-day chatbot/agent session workload (traces/sessions.py) "
-        "instead of reading `trace`; repeat and rate_scale apply to it too, but a --set that "
+        description="generate a multi-day chatbot/agent session workload "
+        "(traces/synth/sessions.py) instead of reading `trace`; repeat and rate_scale apply to "
+        "it too, but a --set that "
         "switches a trace scenario to sessions resets them to 1 (a trace's replay speed, e.g. "
         "default.yaml's 4 x 25, is not inherited) unless it sets them as well",
     )

@@ -1,4 +1,4 @@
-"""Synthetic session workloads (traces/sessions.py) measured against the shared traces.
+"""Synthetic session workloads (traces/synth/sessions.py) measured against the shared traces.
 
 Prints the numbers quoted in ``docs/workloads.md``:
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from deepinfer_sim.planner.analysis.ttl_sweep import ALL, ttl_sweep
 from deepinfer_sim.traces import RequestSource, read_trace
-from deepinfer_sim.traces.sessions import SessionWorkload, generate_sessions
+from deepinfer_sim.traces.synth.sessions import SessionWorkload, generate_sessions
 
 DAY = 86400.0
 TRACELAB = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "tracelab_example"

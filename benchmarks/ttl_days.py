@@ -1,7 +1,7 @@
 """What cutting chatbot KV retention from 7 to 3 days costs in hit rate and saves in storage.
 
 SPEC.md §2.5: agent traffic keeps 3 days, chatbot 7; cutting chatbot to 3 days cost DeepSeek
-0.5–1 % of cache hit rate. On the multi-day session workload (traces/sessions.py, default mix,
+0.5–1 % of cache hit rate. On the multi-day session workload (traces/synth/sessions.py, default mix,
 14 days, seed 0) the one-pass sweep (planner/analysis/ttl_sweep.py) evaluates both TTL settings
 and counts the steady state only: requests of days 7–14, whose full 7-day history is in the
 trace. Storage is the peak resident logical KV over days 7–14 (V4.1-Flash blocks), and the nodes
@@ -23,7 +23,7 @@ from typing import Any
 from deepinfer_sim import load_scenario
 from deepinfer_sim.planner.analysis.storage_sizing import block_bytes, nodes_for
 from deepinfer_sim.planner.analysis.ttl_sweep import ALL, ttl_sweep
-from deepinfer_sim.traces.sessions import DEFAULT_CHATBOT, SessionWorkload, generate_sessions
+from deepinfer_sim.traces.synth.sessions import DEFAULT_CHATBOT, SessionWorkload, generate_sessions
 
 DAY = 86400.0
 DAYS = 14

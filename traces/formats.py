@@ -693,7 +693,7 @@ def read_format(
     if format == "parquet":
         return read_parquet(path, traffic_class)
     if format == SERVEGEN:  # a workload description: one synthesized day of the client
-        from deepinfer_sim.traces.multimodal import read_servegen
+        from deepinfer_sim.traces.synth.multimodal import read_servegen
 
         return read_servegen(path)
     raise TraceError(str(path), f"unknown trace format {format!r}; accepted: {', '.join(FORMATS)}")

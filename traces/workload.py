@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..rng import stream
-from .multimodal import generate_multimodal
 from .readers import read_trace
-from .sessions import generate_sessions
 from .source import RequestSource
+from .synth.multimodal import generate_multimodal
+from .synth.sessions import generate_sessions
 from .transform import spread_buckets
 
 if TYPE_CHECKING:

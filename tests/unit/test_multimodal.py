@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from deepinfer_sim import simulate
-from deepinfer_sim.traces.multimodal import (
+from deepinfer_sim.traces.synth.multimodal import (
     MultimodalWorkload,
     generate_multimodal,
     pool_servegen,

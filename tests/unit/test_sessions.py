@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from deepinfer_sim.planner.analysis.ttl_sweep import ALL, ttl_sweep
 from deepinfer_sim.traces import RequestSource
-from deepinfer_sim.traces.sessions import (
+from deepinfer_sim.traces.synth.sessions import (
     DEFAULT_AGENT,
     DEFAULT_CHATBOT,
     LogNormalMix,

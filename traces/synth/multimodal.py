@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from ..rng import stream
-from ..validation import FrozenModel
-from .readers import _lengths_only
-from .source import RequestSource
+from ...rng import stream
+from ...validation import FrozenModel
+from ..readers import _lengths_only
+from ..source import RequestSource
 
 FIELDS = ("text_tokens", "image_tokens", "image_count", "output_tokens")
 SHIPPED = "servegen_mm_image_pmf.json"
@@ -121,7 +121,7 @@ def read_servegen(path: str | Path, seed: int = 0, block_tokens: int = 512) -> R
     window's mean rate when none is fitted); lengths and image counts from the window's PMFs in
     ``chunk-i-dataset.json`` (the latest window at or before it that has them, else the
     earliest). Deterministic for ``seed``."""
-    from ..errors import TraceError
+    from ...errors import TraceError
 
     trace, dataset = _pair(Path(path))
     for part in (trace, dataset):
@@ -186,7 +186,7 @@ def main() -> None:
         "licence": "Apache-2.0",
         "derivation": "every (client, 10-minute window) PMF of chunk-*-dataset.json mixed with "
         "weight = that window's mean request rate in chunk-*-trace.csv "
-        "(traces/multimodal.py pool_servegen)",
+        "(traces/synth/multimodal.py pool_servegen)",
         "fields": pool_servegen(folder),
     }
     out = Path(__file__).parent / "data" / SHIPPED

@@ -1,0 +1,1 @@
+"""Synthetic workloads: multi-day chatbot/agent sessions and multimodal (image) requests."""
