@@ -80,7 +80,7 @@ def stats(file: str, fmt: str | None, lru_blocks: int | None, json_file: str | N
 def convert(src: str, out: str, fmt: str | None) -> None:
     """Read trace IN (any format) and write it to OUT as native parquet."""
     from .traces import read_trace
-    from .traces.formats import write_parquet
+    from .traces.readers import write_parquet
 
     path = _parquet_path(out)
     source = read_trace(src, format=fmt)
@@ -96,7 +96,7 @@ def synth(config: str, out: str, overrides: tuple[str, ...]) -> None:
     """Build CONFIG's workload (trace or generator, windowed and scaled) and write it to OUT
     as native parquet."""
     from .scenario import load_scenario
-    from .traces.formats import write_parquet
+    from .traces.readers import write_parquet
     from .traces.workload import build_source
 
     path = _parquet_path(out)

@@ -13,15 +13,17 @@ and the field; rows are never skipped.
 """
 
 from deepinfer_sim.traces.builtin import BUILTIN_TRACES, resolve_trace_path
-from deepinfer_sim.traces.formats import (
+from deepinfer_sim.traces.readers import (
+    read_azure,
     read_burstgpt,
+    read_mooncake,
     read_parquet,
     read_qwen,
+    read_trace,
     read_tracelab,
     read_vidur,
     write_parquet,
 )
-from deepinfer_sim.traces.readers import read_azure, read_mooncake, read_trace
 from deepinfer_sim.traces.source import RequestSource
 from deepinfer_sim.traces.transform import spread_buckets
 

@@ -18,8 +18,8 @@ from deepinfer_sim.errors import TraceError
 __all__ = ["FORMATS", "SERVEGEN", "read_bytes", "sniff_format"]
 
 FORMATS = ("mooncake", "azure", "burstgpt", "qwen", "vidur", "tracelab", "parquet")
-"""Trace formats :func:`deepinfer_sim.traces.read_trace` accepts (the last five are read by
-:mod:`deepinfer_sim.traces.formats`)."""
+"""Trace formats :func:`deepinfer_sim.traces.read_trace` accepts (one module of
+``traces/readers/`` each)."""
 
 SERVEGEN = "servegen"
 """What :func:`sniff_format` says for ServeGen rate/length files, which hold no requests."""

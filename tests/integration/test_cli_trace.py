@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from deepinfer_sim.cli_trace import TRACE_FORMATS, trace
 from deepinfer_sim.traces import read_trace
 from deepinfer_sim.traces._files import FORMATS
-from deepinfer_sim.traces.formats import read_parquet
+from deepinfer_sim.traces.readers import read_parquet
 
 SHARED = Path(__file__).parents[2] / ".." / "shared" / "traces"
 needs_shared = pytest.mark.skipif(

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from deepinfer_sim.errors import TraceError
 from deepinfer_sim.traces import RequestSource, read_trace
 from deepinfer_sim.traces._files import FORMATS, SERVEGEN, sniff_format
-from deepinfer_sim.traces.formats import (
+from deepinfer_sim.traces.readers import (
     PARQUET_METADATA_KEY,
     QWEN_BLOCK_TOKENS,
     read_burstgpt,
@@ -757,3 +757,11 @@ def test_a_large_enough_lru_is_the_infinite_cache(lists, capacity):
     assert np.all(lru <= infinite)
     if capacity >= len(np.unique(source.block_hashes)):
         np.testing.assert_array_equal(lru, infinite)
+
+
+def test_every_format_has_one_reader_in_the_registry():
+    from deepinfer_sim.traces.readers import READERS, read_format
+
+    assert tuple(READERS) == FORMATS
+    with pytest.raises(TraceError, match="unknown trace format 'nope'"):
+        read_format("x.csv", "nope")

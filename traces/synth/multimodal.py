@@ -33,7 +33,7 @@ from pydantic import Field
 
 from ...rng import stream
 from ...validation import FrozenModel
-from ..readers import _lengths_only
+from ..readers._common import _lengths_only
 from ..source import RequestSource
 
 FIELDS = ("text_tokens", "image_tokens", "image_count", "output_tokens")
