@@ -16,14 +16,8 @@ from click.testing import CliRunner
 
 from deepinfer_sim.cli import main
 from deepinfer_sim.errors import ConfigError
-from deepinfer_sim.scenario import (
-    MAX_INSTANCES,
-    MAX_RATE_SCALE,
-    MAX_REPEAT,
-    apply_override,
-    load_scenario,
-)
-from deepinfer_sim.traces.workload import build_source
+from deepinfer_sim.scenario import MAX_INSTANCES, apply_override, load_scenario
+from deepinfer_sim.traces.workload import MAX_RATE_SCALE, MAX_REPEAT, build_source
 
 
 def cli(*args: str) -> tuple[int, str]:
