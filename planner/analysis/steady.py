@@ -13,8 +13,9 @@ scheduler's choices (dspark's per-sequence verify lengths), and live expert imba
 step uses the scenario's constant ``policies.expert_imbalance`` factor for the pool even when
 ``policies.eplb.imbalance`` is ``live``.
 
-Default speculative numbers follow the simulator (``sim/policies/speculative.py``): a sequence
-computes 1 + v tokens a step (v drafts verified: 0 for ``none``, 1 for ``mtp1``, ``fixed_k`` for
+Default speculative numbers follow the simulator (``sim/policies/speculative.py``, whose verify
+policy gives v and the per-step overhead): a sequence computes 1 + v tokens a step (v drafts
+verified, the policy's ``depth``: 0 for ``none``, 1 for ``mtp1``, ``fixed_k`` for
 ``fixed``, the draft count for ``dspark``; v never exceeds the scenario's and the model's draft
 limit) and emits 1 + the drafts accepted before the first rejection. With easiness
 α ~ Beta(m·κ, (1 − m)·κ) and draft j accepted with probability α·decay^(j−1) given the earlier
@@ -40,6 +41,7 @@ from ...models.registry import load_hardware, load_model
 from ...models.spec import ModelSpec
 from ...scenario import Acceptance, DecodePool, PrefillPool, Scenario
 from ...sim.core.engine import check_prefill_fits, decode_kv_capacity_tokens, make_step_cost
+from ...sim.policies.speculative import offline_policy
 
 __all__ = [
     "SteadyPoint",
@@ -125,26 +127,13 @@ def _pool_cost(sc: Scenario, pool: PoolName) -> tuple[StepCost, ModelSpec, Hardw
 # ---- speculative defaults --------------------------------------------------------------------
 
 
-def _draft_limit(sc: Scenario, model: ModelSpec) -> int:
-    """Drafts proposed per step, as ``make_spec_decoder`` caps them."""
-    spec = sc.policies.speculative
-    return min(spec.max_draft_tokens, model.draft.max_draft_tokens or spec.max_draft_tokens)
-
-
 def default_verify(sc: Scenario, model: ModelSpec | None = None) -> float:
-    """Tokens a sequence computes per step under the scenario's speculative policy: 1 for
-    ``none``, 2 for ``mtp1``, 1 + ``fixed_k`` for ``fixed`` and 1 + the draft count for ``dspark``
-    (both capped at the draft limit). dspark's mean verify length depends on its confidence
-    cut-off at run time and is not known offline; the full draft length is its upper bound."""
-    spec = sc.policies.speculative
-    if spec.policy == "none":
-        return 1.0
-    if spec.policy == "mtp1":
-        return 2.0
-    draft = _draft_limit(sc, model or load_model(sc.model))
-    if spec.policy == "fixed":
-        return 1.0 + min(spec.fixed_k, draft)
-    return 1.0 + draft
+    """Tokens a sequence computes per step under the scenario's speculative policy: 1 + the
+    most drafts it verifies (its ``depth``): 1 for ``none``, 2 for ``mtp1``, 1 + ``fixed_k`` for
+    ``fixed`` and 1 + the draft count for ``dspark`` (both capped at the draft limit). dspark's
+    mean verify length depends on its confidence cut-off at run time and is not known offline;
+    the full draft length is its upper bound."""
+    return 1.0 + offline_policy(sc.policies.speculative, model or load_model(sc.model)).depth
 
 
 def expected_accepted(acc: Acceptance, drafts: float) -> float:
@@ -191,9 +180,9 @@ def _decode(
         np.full(ep, float(batch)), np.full(ep, float(batch) * context), verify, imbalance
     )
     breakdown = bd.as_dict()
-    spec = sc.policies.speculative
-    # the simulator adds dspark's confidence head and scheduling time to every decode step
-    breakdown["speculative"] = spec.overhead_s if spec.policy == "dspark" else 0.0
+    # the simulator adds the policy's overhead (dspark's confidence head and scheduling time)
+    # to every decode step
+    breakdown["speculative"] = offline_policy(sc.policies.speculative, model).overhead_s
     step = bd.step_s + breakdown["speculative"]
     seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
     return SteadyPoint(

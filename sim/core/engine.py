@@ -37,7 +37,13 @@ from ...traces import RequestSource
 from ...traces.workload import build_source
 from ..policies.admission import Admission, make_admission
 from ..policies.balancer import make_balancer
-from ..policies.speculative import ClassAcceptance, SpecDecoder
+from ..policies.speculative import (
+    ClassAcceptance,
+    PolicyParts,
+    SpecDecoder,
+    make_verify_policy,
+    max_draft,
+)
 from ..results.itl import itl_summary
 from ..results.result import Result
 from ..results.revenue import unpriced_classes
@@ -157,23 +163,13 @@ def make_spec_decoder(
 ) -> SpecDecoder:
     """The group's speculative decoder (one seeded stream per group)."""
     spec = sc.policies.speculative
-    draft = min(spec.max_draft_tokens, model.draft.max_draft_tokens or spec.max_draft_tokens)
     classes = [
         ClassAcceptance(a.mean, a.concentration, a.position_decay)
         for a in (spec.for_class(name) for name in source.class_names)
     ]
-    return SpecDecoder(
-        spec.policy,
-        draft,
-        spec.fixed_k,
-        spec.lag_steps,
-        spec.confidence_noise,
-        spec.overhead_s,
-        spec.retune_steps,
-        classes,
-        capacity,
-        stream(sc.seed, f"speculative/{group}"),
-    )
+    rng = stream(sc.seed, f"speculative/{group}")
+    policy = make_verify_policy(spec, PolicyParts(max_draft(spec, model), capacity, rng))
+    return SpecDecoder(policy=policy, classes=classes, capacity=capacity, rng=rng)
 
 
 @dataclass

@@ -2,23 +2,29 @@
 
 Every step a draft proposes up to ``max_draft`` tokens per sequence; the target model verifies a
 prefix of v of them (plus its own next token), so a sequence emits accepted + 1 tokens and the
-step computes 1 + v tokens for it. Policies choose v:
+step computes 1 + v tokens for it. A :class:`VerifyPolicy` chooses v; ``VERIFY_POLICIES`` maps
+the config's ``policies.speculative.policy`` tag to one:
 
-- ``none``: v = 0 (plain decoding); ``mtp1``: v = 1 (the MTP-1 baseline verifies 2 tokens);
-  ``fixed``: v = k for every sequence;
-- ``dspark``: a confidence head predicts each draft token's acceptance; the survival probability
-  of draft j is the product of the predicted confidences up to j; all candidates of the group are
-  ranked by it and the prefix that maximizes expected tokens per second — expected accepted
-  tokens over the step time at the resulting verify batch, the step time taken from the decode
-  cost model — is verified. The cut-off is re-optimized every ``retune_steps`` steps (it moves
-  slowly with the batch) and applied to every step's survival probabilities. With
-  ``lag_steps: 2`` (the production variant) the truncation uses the confidences of two steps
-  earlier.
+- ``none`` (:class:`NoSpeculation`): v = 0, plain decoding;
+- ``mtp1`` (:class:`Mtp1`): v = 1 (the MTP-1 baseline verifies 2 tokens);
+- ``fixed`` (:class:`FixedK`): v = k for every sequence (k capped at the draft limit);
+- ``dspark`` (:class:`DSpark`): a confidence head predicts each draft token's acceptance; the
+  survival probability of draft j is the product of the predicted confidences up to j; all
+  candidates of the group are ranked by it and the prefix that maximizes expected tokens per
+  second — expected accepted tokens over the step time at the resulting verify batch, the step
+  time taken from the decode cost model — is verified. The cut-off is re-optimized every
+  ``retune_steps`` steps (it moves slowly with the batch) and applied to every step's survival
+  probabilities. With ``lag_steps: 2`` (the production variant) the truncation uses the
+  confidences of two steps earlier. Its confidence head and scheduling cost ``overhead_s`` per
+  step.
 
-Acceptance model (per traffic class): each request draws an "easiness" α ~ Beta(mean·κ,
-(1 − mean)·κ) at admission; draft j of a step is accepted with probability q_j = α·decay^(j−1),
-given the drafts before it were. The confidence head reports logistic(logit(q_j) + N(0, σ)).
-Everything is sampled vectorized over the group's sequences, from the group's own seeded stream.
+Acceptance model (per traffic class), shared by every policy in :class:`DraftChain`: each
+request draws an "easiness" α ~ Beta(mean·κ, (1 − mean)·κ) at admission; draft j of a step is
+accepted with probability q_j = α·decay^(j−1), given the drafts before it were. The confidence
+head reports logistic(logit(q_j) + N(0, σ)). Everything is sampled vectorized over the group's
+sequences, from the group's own seeded stream (the chain and the policy draw from the same one).
+
+:class:`SpecDecoder` is what a decode group holds: the chain and the policy together.
 """
 
 from __future__ import annotations
@@ -26,10 +32,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
+from ...errors import ConfigError
+from ...models.spec import ModelSpec
+from ...scenario import Speculative
+
 HIST_BINS = 256
+
+StepTime = Callable[[float], float]
+"""``step_time(extra)``: the group's step time with ``extra`` verify tokens added uniformly."""
 
 
 @dataclass(frozen=True)
@@ -39,49 +53,28 @@ class ClassAcceptance:
     position_decay: float
 
 
-class SpecDecoder:
-    """Per-group speculative decoding state and maths (vectorized over slots)."""
+class DraftChain:
+    """Per-slot acceptance state of a group's sequences (vectorized over slots), ``depth``
+    draft positions deep."""
 
     def __init__(
         self,
-        policy: str,
-        max_draft: int,
-        fixed_k: int,
-        lag_steps: int,
-        noise_sigma: float,
-        overhead_s: float,
-        retune_steps: int,
+        *,
         classes: Sequence[ClassAcceptance],
+        depth: int,
         capacity: int,
         rng: np.random.Generator,
     ) -> None:
-        self.policy = policy
-        self.k = max_draft if policy in ("dspark", "fixed") else 1
-        self.fixed_k = min(fixed_k, max_draft)
-        self.lag = lag_steps
-        self.sigma = noise_sigma
-        self.overhead_s = overhead_s if policy == "dspark" else 0.0
         self.classes = classes
         self.rng = rng
-        self.decay = np.array([[c.position_decay**j for j in range(self.k)] for c in classes])
+        self.decay = np.array([[c.position_decay**j for j in range(depth)] for c in classes])
         self.alpha = np.zeros(capacity)
         self.cls = np.zeros(capacity, dtype=np.int64)
         # per slot, fixed for the request's life (position-major: rows are draft positions, so
-        # the per-step products run over k contiguous rows): the true survival probability of
+        # the per-step products run over contiguous rows): the true survival probability of
         # each draft position and the logit of its acceptance
-        self.survival = np.zeros((self.k, capacity))
-        self.logit = np.zeros((self.k, capacity))
-        # confidences of the last ``lag`` steps, per slot (ring), for the production variant
-        self.hist = np.zeros((max(1, lag_steps), self.k, capacity))
-        self.hist_valid = np.zeros((max(1, lag_steps), capacity), dtype=bool)
-        self.step = 0
-        self.retune_steps = max(1, retune_steps)
-        self.threshold: float | None = None  # survival cut-off, re-optimized every retune_steps
-        self.v = np.zeros(capacity, dtype=np.int64)
-
-    @property
-    def active(self) -> bool:
-        return self.policy != "none"
+        self.survival = np.zeros((depth, capacity))
+        self.logit = np.zeros((depth, capacity))
 
     def admit(self, slot: int, traffic_class: int) -> None:
         c = self.classes[traffic_class]
@@ -97,30 +90,108 @@ class SpecDecoder:
             self.survival[j, slot] = s
             qc = min(1 - 1e-6, max(1e-6, qj))
             self.logit[j, slot] = math.log(qc / (1.0 - qc))
+
+    def accept(self, live: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Tokens each slot emits when it verifies ``v`` drafts: its leading accepted ones, plus
+        one (0 for holes)."""
+        # The drafts form a chain: P(at least j accepted) = survival of position j, so one
+        # uniform per sequence decides how far it gets (exact, and one draw instead of k).
+        hw = v.size
+        u = self.rng.random(hw)
+        reached = (self.survival[:, :hw] > u[None, :]).sum(axis=0)
+        return np.where(live, np.minimum(reached, v) + 1, 0)
+
+
+class VerifyPolicy(Protocol):
+    """How many drafts each sequence verifies per step."""
+
+    depth: int  # the most drafts it verifies per sequence-step (the chain keeps that many)
+    speculates: bool  # False: plain decoding, one token per sequence-step
+    overhead_s: float  # added to every step
+
+    def admit(self, slot: int) -> None:
+        """A new sequence took ``slot``."""
+
+    def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
+        """Fill ``v`` (zeros on entry, one entry per slot) with the verify lengths of the live
+        slots."""
+
+
+class NoSpeculation:
+    """Plain decoding: nothing is verified (the reference implementation)."""
+
+    depth = 0
+    speculates = False
+    overhead_s = 0.0
+
+    def admit(self, slot: int) -> None:
+        pass
+
+    def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
+        pass
+
+
+class FixedK:
+    """Every live sequence verifies ``k`` drafts."""
+
+    speculates = True
+    overhead_s = 0.0
+
+    def __init__(self, *, k: int) -> None:
+        self.depth = k
+
+    def admit(self, slot: int) -> None:
+        pass
+
+    def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
+        v[live] = self.depth
+
+
+class Mtp1(FixedK):
+    """The MTP-1 baseline: one draft verified, 2 tokens computed per sequence-step."""
+
+    def __init__(self) -> None:
+        super().__init__(k=1)
+
+
+class DSpark:
+    """Verifies the confidence-ranked prefix of the group's drafts that maximizes expected
+    tokens per second, truncating with confidences ``lag_steps`` steps old."""
+
+    speculates = True
+
+    def __init__(
+        self,
+        *,
+        depth: int,
+        lag_steps: int,
+        noise_sigma: float,
+        overhead_s: float,
+        retune_steps: int,
+        capacity: int,
+        rng: np.random.Generator,
+    ) -> None:
+        self.depth = depth
+        self.lag = lag_steps
+        self.sigma = noise_sigma
+        self.overhead_s = overhead_s
+        self.rng = rng
+        # confidences of the last ``lag`` steps, per slot (ring), for the production variant
+        self.hist = np.zeros((max(1, lag_steps), depth, capacity))
+        self.hist_valid = np.zeros((max(1, lag_steps), capacity), dtype=bool)
+        self.step = 0
+        self.retune_steps = max(1, retune_steps)
+        self.threshold: float | None = None  # survival cut-off, re-optimized every retune_steps
+
+    def admit(self, slot: int) -> None:
         self.hist_valid[:, slot] = False
 
-    def choose(
-        self,
-        hw: int,
-        live: np.ndarray,
-        step_time: Callable[[float], float],
-    ) -> np.ndarray:
-        """Verify lengths for slots [0, hw) (0 for holes). ``step_time(extra)`` is the group's
-        step time when ``extra`` verify tokens are added uniformly across its ranks."""
-        v = self.v[:hw]
-        v[:] = 0
-        if self.policy == "none":
-            return v
-        if self.policy == "mtp1":
-            v[live] = 1
-            return v
-        if self.policy == "fixed":
-            v[live] = self.fixed_k
-            return v
+    def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
+        hw = v.size
         # Hot path (once per step): logistic(logit(q) + noise) over the group's drafts.
-        noise = self.rng.standard_normal((self.k, hw))
+        noise = self.rng.standard_normal((self.depth, hw))
         noise *= -self.sigma
-        noise -= self.logit[:, :hw]
+        noise -= chain.logit[:, :hw]
         np.exp(noise, out=noise)
         noise += 1.0
         conf = np.reciprocal(noise, out=noise)
@@ -135,13 +206,10 @@ class SpecDecoder:
         survival = np.cumprod(use, axis=0)
         survival[:, ~live] = 0.0
         if self.threshold is None or self.step % self.retune_steps == 1 or self.retune_steps == 1:
-            self.threshold = self._best_threshold(survival, int(live.sum()), step_time)
+            self.threshold = self._best_threshold(survival, int(live.sum()), step)
         v[:] = (survival >= self.threshold).sum(axis=0)
-        return v
 
-    def _best_threshold(
-        self, survival: np.ndarray, n_live: int, step_time: Callable[[float], float]
-    ) -> float:
+    def _best_threshold(self, survival: np.ndarray, n_live: int, step_time: StepTime) -> float:
         """Threshold on survival that maximizes (B + Σ selected survival) / T(B + K)."""
         if n_live == 0:
             return 2.0
@@ -150,22 +218,106 @@ class SpecDecoder:
         count = np.bincount(b, minlength=HIST_BINS)[::-1].cumsum()  # from the top bin down
         mass = np.bincount(b, weights=flat, minlength=HIST_BINS)[::-1].cumsum()
         t0 = step_time(0.0)
-        slope = (step_time(float(self.k * n_live)) - t0) / (self.k * n_live)
+        slope = (step_time(float(self.depth * n_live)) - t0) / (self.depth * n_live)
         k_sel = np.concatenate([[0], count[:-1]])  # never select the bottom (zero) bin
         m_sel = np.concatenate([[0.0], mass[:-1]])
         rate = (n_live + m_sel) / (t0 + slope * k_sel)
         best = int(np.argmax(rate))
         return 2.0 if best == 0 else (HIST_BINS - best) / HIST_BINS
 
-    def accept(self, hw: int, live: np.ndarray, left: np.ndarray) -> np.ndarray:
-        """Tokens each slot emits this step: leading accepted drafts among its v, plus one."""
+
+# ---- registry ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyParts:
+    """What a policy is built from besides its config section."""
+
+    max_draft: int  # drafts proposed per step (the config's, capped by the model's draft)
+    capacity: int  # slots of the group
+    rng: np.random.Generator  # the group's speculative stream
+
+
+def _dspark(cfg: Speculative, parts: PolicyParts) -> DSpark:
+    return DSpark(
+        depth=parts.max_draft,
+        lag_steps=cfg.lag_steps,
+        noise_sigma=cfg.confidence_noise,
+        overhead_s=cfg.overhead_s,
+        retune_steps=cfg.retune_steps,
+        capacity=parts.capacity,
+        rng=parts.rng,
+    )
+
+
+VERIFY_POLICIES: dict[str, Callable[[Speculative, PolicyParts], VerifyPolicy]] = {
+    "none": lambda cfg, parts: NoSpeculation(),
+    "mtp1": lambda cfg, parts: Mtp1(),
+    "fixed": lambda cfg, parts: FixedK(k=min(cfg.fixed_k, parts.max_draft)),
+    "dspark": _dspark,
+}
+
+
+def make_verify_policy(cfg: Speculative, parts: PolicyParts) -> VerifyPolicy:
+    factory = VERIFY_POLICIES.get(cfg.policy)
+    if factory is None:
+        raise ConfigError(
+            "policies.speculative.policy",
+            f"unknown verify policy {cfg.policy!r} (known: {', '.join(VERIFY_POLICIES)})",
+        )
+    return factory(cfg, parts)
+
+
+def max_draft(cfg: Speculative, model: ModelSpec) -> int:
+    """Drafts proposed per step: the config's, capped by what the model's draft head offers."""
+    return min(cfg.max_draft_tokens, model.draft.max_draft_tokens or cfg.max_draft_tokens)
+
+
+def offline_policy(cfg: Speculative, model: ModelSpec) -> VerifyPolicy:
+    """The scenario's policy without slots (it draws nothing): what analyses without a cluster
+    run read, its ``depth`` and ``overhead_s``."""
+    return make_verify_policy(cfg, PolicyParts(max_draft(cfg, model), 0, np.random.default_rng(0)))
+
+
+# ---- what a decode group holds -----------------------------------------------------------------
+
+
+class SpecDecoder:
+    """A group's speculative decoding: the draft chain and the verify policy, over its slots."""
+
+    def __init__(
+        self,
+        *,
+        policy: VerifyPolicy,
+        classes: Sequence[ClassAcceptance],
+        capacity: int,
+        rng: np.random.Generator,
+    ) -> None:
+        self.policy = policy
+        self.chain = DraftChain(classes=classes, depth=policy.depth, capacity=capacity, rng=rng)
+        self.overhead_s = policy.overhead_s
+        self.v = np.zeros(capacity, dtype=np.int64)
+
+    @property
+    def active(self) -> bool:
+        return self.policy.speculates
+
+    def admit(self, slot: int, traffic_class: int) -> None:
+        self.chain.admit(slot, traffic_class)
+        self.policy.admit(slot)
+
+    def choose(self, hw: int, live: np.ndarray, step_time: StepTime) -> np.ndarray:
+        """Verify lengths for slots [0, hw) (0 for holes)."""
         v = self.v[:hw]
-        if self.policy == "none":
-            emitted = live.astype(np.int64)
+        v[:] = 0
+        self.policy.choose(v, live, self.chain, step_time)
+        return v
+
+    def accept(self, hw: int, live: np.ndarray, left: np.ndarray) -> np.ndarray:
+        """Tokens each slot emits this step: leading accepted drafts among its v, plus one, at
+        most what it has left."""
+        if self.policy.speculates:
+            emitted = self.chain.accept(live, self.v[:hw])
         else:
-            # The drafts form a chain: P(at least j accepted) = survival of position j, so one
-            # uniform per sequence decides how far it gets (exact, and one draw instead of k).
-            u = self.rng.random(hw)
-            reached = (self.survival[:, :hw] > u[None, :]).sum(axis=0)
-            emitted = np.where(live, np.minimum(reached, v) + 1, 0)
+            emitted = live.astype(np.int64)
         return np.minimum(emitted, np.maximum(left, 0))

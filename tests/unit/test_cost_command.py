@@ -29,7 +29,7 @@ from deepinfer_sim.planner.analysis.steady import (
     prefill_point,
 )
 from deepinfer_sim.scenario import Acceptance, Scenario, load_scenario
-from deepinfer_sim.sim.policies.speculative import ClassAcceptance, SpecDecoder
+from deepinfer_sim.sim.policies.speculative import ClassAcceptance, FixedK, SpecDecoder
 
 
 @pytest.fixture(scope="module")
@@ -137,11 +137,13 @@ def test_expected_acceptance_matches_the_simulators_sampling():
     fixed seed): easiness from the Beta, the draft chain cut at the first rejection."""
     acc = Acceptance(mean=0.6, concentration=2.0, position_decay=0.9)
     n, drafts = 200_000, 4
+    rng = np.random.default_rng(7)
     dec = SpecDecoder(
-        "fixed", drafts, drafts, 0, 0.0, 0.0, 1,
-        [ClassAcceptance(acc.mean, acc.concentration, acc.position_decay)],
-        n, np.random.default_rng(7),
-    )  # fmt: skip
+        policy=FixedK(k=drafts),
+        classes=[ClassAcceptance(acc.mean, acc.concentration, acc.position_decay)],
+        capacity=n,
+        rng=rng,
+    )
     for slot in range(n):
         dec.admit(slot, 0)
     live = np.ones(n, dtype=bool)

@@ -9,9 +9,15 @@ import pytest
 
 from deepinfer_sim import simulate
 from deepinfer_sim.planner.analysis.offline import steady_throughput
+from deepinfer_sim.scenario import Speculative
 from deepinfer_sim.sim.core.engine import build_cluster
 from deepinfer_sim.sim.policies.balancer import TwoDimBalancer
-from deepinfer_sim.sim.policies.speculative import ClassAcceptance, SpecDecoder
+from deepinfer_sim.sim.policies.speculative import (
+    ClassAcceptance,
+    PolicyParts,
+    SpecDecoder,
+    make_verify_policy,
+)
 
 
 def decode_only(tiny, synthetic, inputs, outputs, **over):
@@ -55,17 +61,21 @@ def test_kv_admission_never_exceeds_capacity_and_requests_wait(tiny, synthetic):
 
 
 def spec(policy: str, k: int = 5, sigma: float = 0.0, lag: int = 0) -> SpecDecoder:
+    cfg = Speculative(
+        policy=policy,
+        max_draft_tokens=k,
+        fixed_k=k,
+        lag_steps=lag,
+        confidence_noise=sigma,
+        overhead_s=0.0,
+        retune_steps=1,
+    )
+    rng = np.random.default_rng(0)
     return SpecDecoder(
-        policy,
-        k,
-        k,
-        lag,
-        sigma,
-        0.0,
-        1,
-        [ClassAcceptance(0.7, 4.0, 1.0)],
-        1000,
-        np.random.default_rng(0),
+        policy=make_verify_policy(cfg, PolicyParts(k, 1000, rng)),
+        classes=[ClassAcceptance(0.7, 4.0, 1.0)],
+        capacity=1000,
+        rng=rng,
     )
 
 
