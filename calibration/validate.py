@@ -29,6 +29,7 @@ from ..models.profile import Profile
 from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_hardware, load_model
 from ..sim.core.requests import RequestTable
+from ..sim.policies.kv_admission import ReserveWholeContext
 from ..sim.stages.decode import DecodeGroup
 from ..sim.stages.prefill import PrefillInstance
 from ..traces import RequestSource
@@ -124,16 +125,16 @@ def simulate_decode(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) -
     env = simpy.Environment()
     table = RequestTable(src)
     group = DecodeGroup(
-        env,
-        0,
-        1,
-        validation_cost(profile, shape),
-        shape.max_decode_batch,
-        float("inf"),
-        0.0,
-        1.0,
-        table,
-        lambda rid: None,
+        env=env,
+        idx=0,
+        ep=1,
+        cost=validation_cost(profile, shape),
+        max_seqs_per_rank=shape.max_decode_batch,
+        kv_capacity_tokens=float("inf"),
+        kv_admission=ReserveWholeContext(),
+        imbalance=1.0,
+        table=table,
+        on_done=lambda rid: None,
     )
 
     def arrivals():

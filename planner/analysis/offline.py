@@ -27,6 +27,7 @@ from ...sim.core.engine import (
 )
 from ...sim.core.requests import RequestTable
 from ...sim.policies.balancer import make_balancer
+from ...sim.policies.kv_admission import make_kv_admission
 from ...sim.stages.decode import DecodeGroup
 from ...traces import RequestSource
 
@@ -69,20 +70,19 @@ def _group(
     overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
     spec = make_spec_decoder(sc, model, src, pool.ep * pool.max_seqs_per_rank, 0)
     group = DecodeGroup(
-        env,
-        0,
-        pool.ep,
-        cost,
-        pool.max_seqs_per_rank,
-        kv_cap,
-        overhead,
-        sc.policies.expert_imbalance.decode,
-        table,
-        lambda rid: None,
-        spec,
-        ideal or pool.ideal_balance,
-        pool.kv_policy == "preempt",
-        make_group_experts(sc, "decode", make_expert_load(sc, model, src), "decode/0"),
+        env=env,
+        idx=0,
+        ep=pool.ep,
+        cost=cost,
+        max_seqs_per_rank=pool.max_seqs_per_rank,
+        kv_capacity_tokens=kv_cap,
+        kv_admission=make_kv_admission(pool.kv_policy, overhead),
+        imbalance=sc.policies.expert_imbalance.decode,
+        table=table,
+        on_done=lambda rid: None,
+        spec=spec,
+        ideal_balance=ideal or pool.ideal_balance,
+        experts=make_group_experts(sc, "decode", make_expert_load(sc, model, src), "decode/0"),
     )
     return env, group
 

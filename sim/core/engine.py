@@ -37,6 +37,7 @@ from ...traces import RequestSource
 from ...traces.workload import build_source
 from ..policies.admission import Admission, make_admission
 from ..policies.balancer import make_balancer
+from ..policies.kv_admission import make_kv_admission
 from ..policies.speculative import (
     ClassAcceptance,
     PolicyParts,
@@ -231,22 +232,21 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     for g in range(pools.decode.groups):
         cl.decode.append(
             DecodeGroup(
-                env,
-                g,
-                pools.decode.ep,
-                decode_cost,
-                pools.decode.max_seqs_per_rank,
-                kv_cap,
-                seq_overhead,
-                imb.decode,
-                table,
-                on_decode_done,
-                make_spec_decoder(
+                env=env,
+                idx=g,
+                ep=pools.decode.ep,
+                cost=decode_cost,
+                max_seqs_per_rank=pools.decode.max_seqs_per_rank,
+                kv_capacity_tokens=kv_cap,
+                kv_admission=make_kv_admission(pools.decode.kv_policy, seq_overhead),
+                imbalance=imb.decode,
+                table=table,
+                on_done=on_decode_done,
+                spec=make_spec_decoder(
                     sc, model, source, pools.decode.ep * pools.decode.max_seqs_per_rank, g
                 ),
-                pools.decode.ideal_balance,
-                pools.decode.kv_policy == "preempt",
-                make_group_experts(sc, "decode", load, f"decode/{g}"),
+                ideal_balance=pools.decode.ideal_balance,
+                experts=make_group_experts(sc, "decode", load, f"decode/{g}"),
             )
         )
     balancer = make_balancer(

@@ -1,2 +1,2 @@
 """Decisions the stages delegate: routing, balancing, speculative decoding, admission,
-chunking and expert placement (EPLB)."""
+decode KV admission, chunking and expert placement (EPLB)."""

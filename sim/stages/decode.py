@@ -7,9 +7,9 @@ set to a huge value) that the next admission reuses, so a step is a handful of v
 operations however many sequences run, and the group costs one event per step.
 
 Requests are routed to a (group, rank) before their KV transfer starts; when the KV lands they
-wait in that rank's queue until a slot and KV memory are free. Admission reserves a request's
-whole context (prompt + output + SWA slot) up front, so a running sequence never runs out of KV
-memory and nothing is preempted.
+wait in that rank's queue until a slot and KV memory are free. How much KV a sequence reserves,
+whether it grows, and which sequences a rank drops when it runs out is the KV admission policy's
+(``sim/policies/kv_admission.py``); the group keeps the per-rank reservations and does the moves.
 
 Inter-token latencies are not recorded per token: the group keeps one row per step (end time,
 duration, sequences stepped, sequences on their first step, tokens emitted) and each request
@@ -28,6 +28,7 @@ import simpy
 from ...models.cost import StepCost
 from ..core.requests import RequestTable, State
 from ..core.steploop import StepLoop
+from ..policies.kv_admission import KvAdmission
 from ..policies.speculative import SpecDecoder
 from .expert_parallel import GroupExperts
 
@@ -37,19 +38,19 @@ _IDLE = np.iinfo(np.int64).max // 2  # tokens-left of an empty slot: never finis
 class DecodeGroup(StepLoop):
     def __init__(
         self,
+        *,
         env: simpy.Environment,
         idx: int,
         ep: int,
         cost: StepCost,
         max_seqs_per_rank: int,
         kv_capacity_tokens: float,
-        seq_overhead_tokens: float,
+        kv_admission: KvAdmission,
         imbalance: float,
         table: RequestTable,
         on_done: Callable[[int], None],
         spec: SpecDecoder | None = None,
         ideal_balance: bool = False,
-        preempt: bool = False,
         experts: GroupExperts | None = None,
     ) -> None:
         super().__init__(env)
@@ -57,8 +58,8 @@ class DecodeGroup(StepLoop):
         self.ep = ep
         self.cost = cost
         self.max_seqs = max_seqs_per_rank
-        self.kv_capacity = kv_capacity_tokens
-        self.seq_overhead = seq_overhead_tokens
+        self.kv_capacity = kv_capacity_tokens  # per rank
+        self.kv_admission = kv_admission
         self.imbalance = imbalance  # this step's expert imbalance (constant without experts)
         self.experts = experts
         self.classes = 1 if experts is None else experts.load.classes
@@ -89,7 +90,6 @@ class DecodeGroup(StepLoop):
         self.s_cls = np.zeros(cap, dtype=np.int64)  # traffic class (expert-load model)
         self.spec = spec
         self.ideal = ideal_balance  # cost every step as if each rank held the mean load
-        self.preempt = preempt  # KV policy: grow and preempt, or reserve whole contexts
         self.recompute: list[list[tuple[int, int]]] = [[] for _ in range(ep)]
         self.preemptions = 0
         self.recompute_s = 0.0
@@ -113,6 +113,10 @@ class DecodeGroup(StepLoop):
         self.seq_s = 0.0
         self.kv_s = 0.0
         self.reserved_s = 0.0
+
+    @property
+    def seq_overhead(self) -> float:
+        return self.kv_admission.seq_overhead
 
     @property
     def steps(self) -> int:
@@ -145,6 +149,7 @@ class DecodeGroup(StepLoop):
         t = self.table
         now = self.env.now
         k = self.steps
+        policy = self.kv_admission
         for rank in list(self.waiting_ranks):
             q = self.waiting[rank]
             while q and self.batch[rank] < self.max_seqs:
@@ -152,11 +157,8 @@ class DecodeGroup(StepLoop):
                 resumed = bool(t.kv_lost[rid])  # its KV was dropped (preemption, failure)
                 done = int(t.decode_generated[rid])
                 ctx = int(t.input_len[rid]) + done
-                if self.preempt:  # hold only what the sequence has now; grow as it decodes
-                    need = ctx + self.seq_overhead
-                else:  # reserve the whole context up front: never preempted
-                    need = float(t.input_len[rid] + t.output_len[rid]) + self.seq_overhead
-                if self.reserved[rank] + need > self.kv_capacity:
+                need = policy.reservation(ctx, float(t.input_len[rid] + t.output_len[rid]))
+                if not policy.fits(self.reserved[rank], need, self.kv_capacity):
                     break
                 q.popleft()
                 self.n_waiting -= 1
@@ -173,7 +175,7 @@ class DecodeGroup(StepLoop):
                 self.s_ctx[i] = ctx
                 self.s_cls[i] = t.source.traffic_class[rid]
                 if resumed:  # recompute its KV in this step, on this rank
-                    self.recompute[rank].append((ctx, 0))
+                    self.recompute[rank].append(policy.recompute(ctx))
                     t.kv_lost[rid] = False
                 if self.spec is not None:
                     self.spec.admit(i, int(t.source.traffic_class[rid]))
@@ -274,43 +276,48 @@ class DecodeGroup(StepLoop):
             self.tokens_out += n
             self.step_tokens.append(n)
             self.kv += self.batch
+            self.kv_admission.grow(self.reserved, self.batch)
             self.s_ctx[:hw] += 1
             left -= 1  # holes hold _IDLE and never reach zero
-            if self.preempt:
-                self.reserved += self.batch
         else:
             live = self.s_req[:hw] >= 0
             emitted = spec.accept(hw, live, left)
             out = int(emitted.sum())
             self.tokens_out += out
             self.step_tokens.append(out)
-            self.kv += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
+            grown = np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
+            self.kv += grown
+            self.kv_admission.grow(self.reserved, grown)
             self.s_ctx[:hw] += emitted
             left -= emitted
-            if self.preempt:
-                self.reserved += np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
         idx = np.flatnonzero(left <= 0)
         if idx.size:
             self._retire(idx, now, k)
-        if self.preempt and (self.reserved > self.kv_capacity).any():
-            self._preempt_over_capacity()
+        hw = self.hw
+        drop = self.kv_admission.victims(
+            self.reserved,
+            self.kv_capacity,
+            self.s_rank[:hw],
+            self.s_req[:hw],
+            self.s_k0[:hw],
+            self.s_ctx[:hw],
+        )
+        if drop.size:
+            self._preempt(drop)
 
-    def _preempt_over_capacity(self) -> None:
-        """Ranks whose grown KV no longer fits drop their most recently admitted sequences
-        (their KV is freed; they wait at the head of the rank's queue and recompute on return)."""
+    def _preempt(self, slots: np.ndarray) -> None:
+        """Drop the sequences in ``slots`` (their KV is freed; each waits at the head of its
+        rank's queue and recomputes its KV when readmitted)."""
         t = self.table
-        for rank in np.flatnonzero(self.reserved > self.kv_capacity).tolist():
-            slots = np.flatnonzero((self.s_rank[: self.hw] == rank) & (self.s_req[: self.hw] >= 0))
-            for i in slots[np.argsort(-self.s_k0[slots], kind="stable")].tolist():
-                if self.reserved[rank] <= self.kv_capacity:
-                    break
-                rid = self._evict_slot(i)
-                t.preemptions[rid] += 1
-                self.preemptions += 1
-                self.waiting[rank].appendleft(rid)
-                self.waiting_ranks.add(rank)
-                self.n_waiting += 1
-                t.state[rid] = State.DECODE_WAIT
+        for i in slots.tolist():
+            rank = int(self.s_rank[i])
+            rid = self._evict_slot(i)
+            t.preemptions[rid] += 1
+            self.preemptions += 1
+            self.waiting[rank].appendleft(rid)
+            self.waiting_ranks.add(rank)
+            self.n_waiting += 1
+            t.state[rid] = State.DECODE_WAIT
 
     def _evict_slot(self, i: int) -> int:
         """Take a running sequence out of slot ``i``, keeping its progress; its KV is gone."""
@@ -320,10 +327,11 @@ class DecodeGroup(StepLoop):
         ctx = float(self.s_ctx[i])
         t.decode_generated[rid] = int(t.output_len[rid]) - 1 - int(self.s_left[i])
         t.kv_lost[rid] = True
-        held = ctx if self.preempt else float(t.input_len[rid] + t.output_len[rid])
         self.batch[rank] -= 1
         self.kv[rank] -= ctx
-        self.reserved[rank] -= held + self.seq_overhead
+        self.reserved[rank] -= self.kv_admission.reservation(
+            ctx, float(t.input_len[rid] + t.output_len[rid])
+        )
         self.s_req[i] = -1
         self.s_left[i] = _IDLE
         self.s_ctx[i] = 0
@@ -367,6 +375,7 @@ class DecodeGroup(StepLoop):
         t = self.table
         s_req, s_rank = self.s_req, self.s_rank
         batch, kv, reserved, assigned = self.batch, self.kv, self.reserved, self.assigned
+        reservation = self.kv_admission.reservation
         finished = []
         for i in idx.tolist():
             rid = int(s_req[i])
@@ -374,8 +383,7 @@ class DecodeGroup(StepLoop):
             batch[r] -= 1
             kv[r] -= float(self.s_ctx[i])
             context = float(t.input_len[rid] + t.output_len[rid])
-            held = float(self.s_ctx[i]) if self.preempt else context
-            reserved[r] -= held + self.seq_overhead
+            reserved[r] -= reservation(float(self.s_ctx[i]), context)
             self.assigned_kv[r] -= context
             assigned[r] -= 1
             t.t_done[rid] = now
