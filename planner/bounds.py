@@ -21,7 +21,7 @@ import numpy as np
 
 from ..models.registry import load_hardware, load_model
 from ..scenario import Scenario
-from ..sim.core.engine import decode_kv_capacity_tokens, make_step_cost
+from ..sim.core.assemble import decode_kv_capacity_tokens, make_step_cost
 from ..traces import RequestSource
 from .analysis.offline import steady_throughput
 

@@ -17,7 +17,7 @@ import numpy as np
 from ...models.registry import load_hardware, load_model
 from ...rng import stream
 from ...scenario import EplbPool, ExpertLoad, Scenario
-from ...sim.core.engine import make_step_cost
+from ...sim.core.assemble import make_step_cost
 from ...sim.results.metrics import dist_stats
 from ...sim.stages.expert_load import ExpertLoadModel
 from ...sim.stages.expert_parallel import (

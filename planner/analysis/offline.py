@@ -18,7 +18,7 @@ import simpy
 
 from ...models.registry import load_hardware, load_model
 from ...scenario import Scenario
-from ...sim.core.engine import (
+from ...sim.core.assemble import (
     decode_kv_capacity_tokens,
     make_expert_load,
     make_group_experts,

@@ -40,7 +40,7 @@ from ...models.hardware import HardwareSpec
 from ...models.registry import load_hardware, load_model
 from ...models.spec import ModelSpec
 from ...scenario import Acceptance, DecodePool, PrefillPool, Scenario
-from ...sim.core.engine import check_prefill_fits, decode_kv_capacity_tokens, make_step_cost
+from ...sim.core.assemble import check_prefill_fits, decode_kv_capacity_tokens, make_step_cost
 from ...sim.policies.speculative import offline_policy
 
 __all__ = [

@@ -34,7 +34,7 @@ from .revenue import TokenRates, revenue
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..core.engine import Cluster
+    from ..core.cluster import Cluster
 
 
 def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:

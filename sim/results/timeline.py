@@ -52,7 +52,7 @@ import pandas as pd
 from ...errors import UserError
 
 if TYPE_CHECKING:
-    from ..core.engine import Cluster
+    from ..core.cluster import Cluster
     from .result import Result
 
 PID_REQUESTS, PID_PREFILL, PID_LINKS, PID_DECODE, PID_STORAGE = 1, 2, 3, 4, 5

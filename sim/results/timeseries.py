@@ -20,7 +20,7 @@ import pandas as pd
 from ..core.requests import State
 
 if TYPE_CHECKING:
-    from ..core.engine import Cluster
+    from ..core.cluster import Cluster
     from ..stages.expert_parallel import GroupExperts
 
 

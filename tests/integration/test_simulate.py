@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from deepinfer_sim import load_scenario, simulate
-from deepinfer_sim.sim.core.engine import build_cluster
+from deepinfer_sim.sim.core.assemble import build_cluster
 
 
 def test_every_request_is_accounted_for(tiny):

@@ -10,7 +10,7 @@ import pytest
 from deepinfer_sim import simulate
 from deepinfer_sim.planner.analysis.offline import steady_throughput
 from deepinfer_sim.scenario import Speculative
-from deepinfer_sim.sim.core.engine import build_cluster
+from deepinfer_sim.sim.core.assemble import build_cluster
 from deepinfer_sim.sim.policies.balancer import TwoDimBalancer
 from deepinfer_sim.sim.policies.speculative import (
     ClassAcceptance,

@@ -14,7 +14,7 @@ import pytest
 
 from deepinfer_sim import simulate
 from deepinfer_sim.errors import ConfigError
-from deepinfer_sim.sim.core.engine import build_cluster
+from deepinfer_sim.sim.core.assemble import build_cluster
 from deepinfer_sim.sim.policies.chunking import chunk_time, largest_chunk
 from deepinfer_sim.sim.policies.router import apportion
 from deepinfer_sim.sim.stages.prefix_cache import MemoryPrefixStore
@@ -119,9 +119,9 @@ def test_tiered_router_reassigns_instances_each_round(tiny, synthetic):
     res = simulate(sc, source=src)
     assert res.summary["requests"]["completed"] == 80
     # re-run to inspect the router's history (simulate builds its own cluster)
-    from deepinfer_sim.sim.core import engine
+    from deepinfer_sim.sim.core import assemble
 
-    cl2 = engine.build_cluster(sc, src)
+    cl2 = assemble.build_cluster(sc, src)
     cl2.env.run(until=12.0)
     hist = cl2.path.router.history
     assert hist, "no round ended"

@@ -1,0 +1,258 @@
+"""Build the cluster a Scenario describes: the one place that reads the whole scenario.
+
+Resolves its parts — model and hardware specs, each pool's StepCost (roofline or a calibration
+profile), KV capacity per decode rank, the expert-load model and each EP group's live balance,
+each decode group's speculative decoder — and builds the stages from them: decode groups and
+their balancer, P->D links (and backups), the prefill path, the admission policy, vision
+encoders, then the request flow between them, the arrival process and the faults. The
+resolvers are also what the planner's analyses use to cost a pool without a run.
+"""
+
+from __future__ import annotations
+
+from ...errors import ConfigError
+from ...models.cost import PoolShape, RooflineStepCost, StepCost
+from ...models.hardware import HardwareSpec
+from ...models.profile import load_profile
+from ...models.profile_cost import ProfileStepCost
+from ...models.registry import load_hardware, load_model
+from ...models.spec import ModelSpec
+from ...rng import stream
+from ...scenario import Scenario
+from ...traces import RequestSource
+from ..policies.admission import make_admission
+from ..policies.balancer import make_balancer
+from ..policies.kv_admission import make_kv_admission
+from ..policies.speculative import (
+    ClassAcceptance,
+    PolicyParts,
+    SpecDecoder,
+    make_verify_policy,
+    max_draft,
+)
+from ..stages.decode import DecodeGroup
+from ..stages.expert_load import ExpertLoadModel
+from ..stages.expert_parallel import GroupExperts, Pool, group_shape
+from ..stages.prefill_path import PrefillPath
+from ..stages.vision import VisionInstance
+from .cluster import Cluster, CountingEnvironment
+from .faults import start_faults, start_random_storage_failures
+from .flow import RequestFlow, RequestLimits
+from .network import Link
+from .requests import RequestTable
+
+
+def make_step_cost(
+    sc: Scenario, pool: str, model: ModelSpec, hw: HardwareSpec, ep: int, redundant: float
+) -> StepCost:
+    """The pool's StepCost: the roofline, or the named calibration profile on this hardware
+    (with the pool's two-batch-overlap setting)."""
+    cm = sc.cost_model
+    ref = cm.for_pool(pool)
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    shape = PoolShape(ep, redundant, pool != "vision" and cfg.two_batch_overlap)
+    if ref == "roofline":
+        return RooflineStepCost(model, hw, shape, cm.roofline, cm.step)
+    profile = load_profile(ref)
+    coefs = profile.coefs(model, hw.name)
+    return ProfileStepCost(model, hw, shape, coefs, cm.step, profile.name)
+
+
+def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:
+    """KV tokens one decode rank can hold after its weights and activation reserve."""
+    pool = sc.pools.decode
+    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_per_gpu)
+    free = hw.hbm_bytes - weights - pool.activation_reserve_bytes
+    if free <= 0:
+        raise ConfigError(
+            "pools.decode",
+            f"weights ({weights / 1e9:.1f} GB) + activation reserve do not fit in "
+            f"{hw.name} HBM ({hw.hbm_bytes / 1e9:.0f} GB) at ep={pool.ep}",
+        )
+    return free * pool.kv_hbm_fraction / model.kv_hbm_bytes_per_token()
+
+
+def check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None:
+    pool = sc.pools.prefill
+    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_per_gpu)
+    if weights >= hw.hbm_bytes:
+        raise ConfigError(
+            "pools.prefill.ep",
+            f"weights ({weights / 1e9:.1f} GB per GPU) do not fit in {hw.name} HBM "
+            f"({hw.hbm_bytes / 1e9:.0f} GB) at ep={pool.ep}; use a wider EP",
+        )
+
+
+def vision_seconds_per_image(sc: Scenario, hw: HardwareSpec) -> float:
+    """Encoder time per image: the profile's measurement, else a roofline of the encoder."""
+    ref = sc.cost_model.vision
+    if ref != "roofline":
+        coefs = load_profile(ref).coefs(load_model(sc.model), hw.name)
+        measured = coefs.vision_seconds_per_image
+        if measured is None:
+            raise ConfigError("cost_model.vision", f"profile {ref!r} has no vision measurement")
+        return measured
+    v = sc.pools.vision
+    return 2 * v.encoder_params_b * 1e9 * v.tokens_per_image / (hw.flops("bf16") * v.efficiency)
+
+
+def make_expert_load(
+    sc: Scenario, model: ModelSpec, source: RequestSource
+) -> ExpertLoadModel | None:
+    """The run's shared expert-load model, or None when the imbalance is a constant."""
+    eplb = sc.policies.eplb
+    if eplb.imbalance != "live":
+        return None
+    return ExpertLoadModel(eplb.load, model, source.class_names, sc.seed)
+
+
+def make_group_experts(
+    sc: Scenario, pool: Pool, load: ExpertLoadModel | None, name: str
+) -> GroupExperts | None:
+    """An EP group's live expert balance, or None when the imbalance is a constant."""
+    if load is None:
+        return None
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
+    slots = cfg.redundant_per_gpu
+    if slots != int(slots):
+        raise ConfigError(
+            f"pools.{pool}.redundant_experts",
+            f"live EPLB places whole redundant slots per rank: {cfg.redundant_experts} over "
+            f"ep={cfg.ep} leaves {slots:.3f} per GPU (use a multiple of ep, or "
+            f"policies.eplb.imbalance: constant)",
+        )
+    shape = group_shape(sc, pool, cfg.ep, int(slots))
+    return GroupExperts(load, policy, shape, stream(sc.seed, f"experts/{name}"))
+
+
+def make_spec_decoder(
+    sc: Scenario, model: ModelSpec, source: RequestSource, capacity: int, group: int
+) -> SpecDecoder:
+    """The group's speculative decoder (one seeded stream per group)."""
+    spec = sc.policies.speculative
+    classes = [
+        ClassAcceptance(a.mean, a.concentration, a.position_decay)
+        for a in (spec.for_class(name) for name in source.class_names)
+    ]
+    rng = stream(sc.seed, f"speculative/{group}")
+    policy = make_verify_policy(spec, PolicyParts(max_draft(spec, model), capacity, rng))
+    return SpecDecoder(policy=policy, classes=classes, capacity=capacity, rng=rng)
+
+
+def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
+    """Every stage instance the scenario describes, wired to the request flow, with the arrival
+    process and the fault processes started (in a fixed order: the run is seeded)."""
+    model = load_model(sc.model)
+    hw = {pool: load_hardware(name) for pool, name in sc.hardware_kinds().items()}
+    check_prefill_fits(sc, model, hw["prefill"])
+    env = CountingEnvironment()
+    table = RequestTable(source)
+    pools = sc.pools
+    imb = sc.policies.expert_imbalance
+    load = make_expert_load(sc, model, source)
+    kv_cap = decode_kv_capacity_tokens(sc, model, hw["decode"])
+    kv_per_token, slot_bytes = model.kv_bytes_per_token(), model.swa_slot_bytes
+    seq_overhead = slot_bytes / model.kv_hbm_bytes_per_token()  # SWA slot in KV-token units
+    cl = Cluster(sc, model, env, table, [], [], [], [], kv_cap, seq_overhead)
+    cl.all_ended = env.event()
+
+    decode_cost = make_step_cost(
+        sc, "decode", model, hw["decode"], pools.decode.ep, pools.decode.redundant_per_gpu
+    )
+    for g in range(pools.decode.groups):
+        cl.decode.append(
+            DecodeGroup(
+                env=env,
+                idx=g,
+                ep=pools.decode.ep,
+                cost=decode_cost,
+                max_seqs_per_rank=pools.decode.max_seqs_per_rank,
+                kv_capacity_tokens=kv_cap,
+                kv_admission=make_kv_admission(pools.decode.kv_policy, seq_overhead),
+                imbalance=imb.decode,
+                table=table,
+                on_done=lambda rid: cl.count_end(),
+                spec=make_spec_decoder(
+                    sc, model, source, pools.decode.ep * pools.decode.max_seqs_per_rank, g
+                ),
+                ideal_balance=pools.decode.ideal_balance,
+                experts=make_group_experts(sc, "decode", load, f"decode/{g}"),
+            )
+        )
+    balancer = make_balancer(
+        sc.policies.decode_balancer, cl.decode, sc.policies.long_request_tokens
+    )
+
+    link_bw = sc.network.pd_gbps_per_8_gpus * 1e9 / 8 * pools.prefill.ep / 8
+    for i in range(pools.prefill.instances):
+        cl.links.append(Link(env, f"pd{i}", link_bw, sc.network.pd_latency_s))
+    backups = [
+        Link(env, f"pd{i}b", link_bw, sc.network.pd_latency_s)
+        for i in range(pools.prefill.instances if sc.network.backup_links else 0)
+    ]
+    cl.backup_links = backups
+
+    cl.live_ranks = pools.decode.groups * pools.decode.ep
+
+    limits = RequestLimits(
+        max_context_tokens=model.max_context_tokens,
+        kv_capacity_tokens=kv_cap,
+        seq_overhead_tokens=seq_overhead,
+        kv_bytes_per_token=kv_per_token,
+        slot_bytes=slot_bytes,
+    )
+
+    prefill_cost = make_step_cost(
+        sc,
+        "prefill",
+        model,
+        hw["prefill"],
+        pools.prefill.ep,
+        pools.prefill.redundant_per_gpu,
+    )
+    cl.path = PrefillPath(
+        sc,
+        model,
+        hw["prefill"],
+        env,
+        table,
+        source,
+        prefill_cost,
+        imb.prefill,
+        cl.links,
+        lambda rid, inst: flow.prefilled(rid, inst),
+        lambda i: make_group_experts(sc, "prefill", load, f"prefill/{i}"),
+    )
+    cl.prefill = cl.path.instances
+    to_prefill = cl.path.admit
+    cl.flow = flow = RequestFlow(cl, limits, balancer, to_prefill)
+    cl.admission = make_admission(sc.policies.admission, sc.slo, cl.prefill)
+
+    if pools.vision.instances:
+        ve_hw = hw["vision"]
+        v = pools.vision
+        per_image = vision_seconds_per_image(sc, ve_hw)
+        images = source.image_count
+        for i in range(v.instances):
+            cl.vision.append(VisionInstance(env, i, per_image, table, images, to_prefill))
+
+    def arrivals():
+        arrival = source.arrival_s
+        for rid in range(len(source)):
+            delay = arrival[rid] - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            flow.admit(rid)
+
+    env.process(arrivals())
+
+    for group in cl.decode:
+        group.on_evict = flow.reroute
+    kv = cl.path.kv if cl.path is not None else None
+    start_faults(cl, sc.faults, kv)
+    storage = sc.pools.storage
+    if kv is not None and storage.mtbf_h is not None:
+        rng = stream(sc.seed, "storage/failures")
+        start_random_storage_failures(cl, kv, storage.nodes, storage.mtbf_h, storage.mttr_h, rng)
+    return cl
