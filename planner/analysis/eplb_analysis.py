@@ -153,9 +153,11 @@ def benchmark_point(
     steps = steps or 3 * policy.period_steps
     if step_s is None:
         step_s = benchmark_step_s(sc, pool, ep, redundant, requests_per_rank, tokens_per_request)
-    sets = int(pool_layer_sets(sc, pool).max()) + 1
+    model = load_model(sc.model)
+    hw = load_hardware((sc.pools.prefill if pool == "prefill" else sc.pools.decode).hardware)
+    sets = int(pool_layer_sets(model, pool).max()) + 1
     s = steady_stream(steps, step_s, requests_per_rank * ep, tokens_per_request, sets)
-    shape = group_shape(sc, pool, ep, redundant)
+    shape = group_shape(model, hw, pool, ep, redundant)
     static = policy.model_copy(update={"policy": "static"})
     return {
         "pool": pool,

@@ -33,7 +33,9 @@ from ..policies.speculative import (
 from ..stages.decode import DecodeGroup
 from ..stages.expert_load import ExpertLoadModel
 from ..stages.expert_parallel import GroupExperts, Pool, group_shape
-from ..stages.prefill_path import PrefillPath
+from ..stages.kvstore import KvStore
+from ..stages.prefill_path import PrefillPath, PrefillRouting
+from ..stages.prefix_cache import MemoryPrefixStore, PrefixStore
 from ..stages.vision import VisionInstance
 from .cluster import Cluster, CountingEnvironment
 from .faults import start_faults, start_random_storage_failures
@@ -122,8 +124,24 @@ def make_group_experts(
             f"ep={cfg.ep} leaves {slots:.3f} per GPU (use a multiple of ep, or "
             f"policies.eplb.imbalance: constant)",
         )
-    shape = group_shape(sc, pool, cfg.ep, int(slots))
+    shape = group_shape(load_model(sc.model), load_hardware(cfg.hardware), pool, cfg.ep, int(slots))
     return GroupExperts(load, policy, shape, stream(sc.seed, f"experts/{name}"))
+
+
+def make_prefix_store(sc: Scenario, model: ModelSpec, source: RequestSource) -> PrefixStore | None:
+    """The prefix store: the 3FS-style KV cluster with storage nodes, the in-memory reference
+    store without, None when prefix caching is off."""
+    prefix = sc.cache.prefix
+    if not prefix.enabled:
+        return None
+    block = source.block_tokens
+    if sc.pools.storage.nodes:
+        block_bytes = model.kv_bytes_per_token() * block
+        return KvStore(
+            sc.pools.storage, source.class_names, block_bytes, stream(sc.seed, "storage")
+        )
+    cap = prefix.capacity_tokens
+    return MemoryPrefixStore(None if cap is None else max(1, cap // block))
 
 
 def make_spec_decoder(
@@ -212,17 +230,23 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         pools.prefill.redundant_per_gpu,
     )
     cl.path = PrefillPath(
-        sc,
-        model,
-        hw["prefill"],
-        env,
-        table,
-        source,
-        prefill_cost,
-        imb.prefill,
-        cl.links,
-        lambda rid, inst: flow.prefilled(rid, inst),
-        lambda i: make_group_experts(sc, "prefill", load, f"prefill/{i}"),
+        pool=pools.prefill,
+        cache=sc.cache,
+        routing=PrefillRouting(
+            sc.policies.prefill_router, sc.policies.tiers, sc.policies.affinity_slack_s
+        ),
+        load_latency_s=sc.network.latency_s,
+        model=model,
+        hw=hw["prefill"],
+        env=env,
+        table=table,
+        source=source,
+        cost=prefill_cost,
+        imbalance=imb.prefill,
+        egress=cl.links,
+        on_prefilled=lambda rid, inst: flow.prefilled(rid, inst),
+        store=make_prefix_store(sc, model, source),
+        experts_for=lambda i: make_group_experts(sc, "prefill", load, f"prefill/{i}"),
     )
     cl.prefill = cl.path.instances
     to_prefill = cl.path.admit

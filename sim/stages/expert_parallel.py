@@ -24,8 +24,9 @@ from typing import Literal
 
 import numpy as np
 
-from ...models.registry import load_hardware, load_model
-from ...scenario import EplbPool, Scenario
+from ...models.hardware import HardwareSpec
+from ...models.spec import ModelSpec
+from ...scenario import EplbPool
 from ..policies.eplb import Placement, match_ranks, moved_experts, rebalance, static_placement
 from .expert_load import ExpertLoadModel, SlotWeights, slot_moments
 
@@ -43,26 +44,25 @@ class GroupShape:
     nodes: int = 1  # nodes the EP group spans
 
 
-def pool_layer_sets(sc: Scenario, pool: Pool) -> np.ndarray:
+def pool_layer_sets(model: ModelSpec, pool: Pool) -> np.ndarray:
     """(L,) layer set of each MoE layer: prefill chunks run set 0, SWA replay the replay-only
     layers (set 1); decode runs every layer as set 0."""
-    model = load_model(sc.model)
     layers = np.arange(model.moe_layer_count("decode"))
     if pool == "prefill":
         return (layers >= model.moe_layer_count("prefill")).astype(np.int64)
     return np.zeros(layers.size, dtype=np.int64)
 
 
-def group_shape(sc: Scenario, pool: Pool, ep: int, redundant: int) -> GroupShape:
-    """The EP group geometry of a pool at this width (weights move over its scale-up link)."""
-    model = load_model(sc.model)
-    pools = sc.pools
-    hw = load_hardware(pools.prefill.hardware if pool == "prefill" else pools.decode.hardware)
+def group_shape(
+    model: ModelSpec, hw: HardwareSpec, pool: Pool, ep: int, redundant: int
+) -> GroupShape:
+    """The EP group geometry of a pool at this width on its hardware (weights move over its
+    scale-up link inside one domain, else over the scale-out link)."""
     within = ep <= hw.scaleup.domain_gpus
     return GroupShape(
         ranks=ep,
         redundant_per_rank=redundant,
-        layer_set=pool_layer_sets(sc, pool),
+        layer_set=pool_layer_sets(model, pool),
         expert_bytes=model.expert_bytes,
         move_bytes_per_s=hw.scaleup.bytes_per_s_per_dir if within else hw.scaleout.bytes_per_s,
         groups=model.moe.expert_groups,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import simpy
 
@@ -26,8 +27,7 @@ from ...models.attention import AttentionCost
 from ...models.cost import StepCost
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
-from ...rng import stream
-from ...scenario import Scenario
+from ...scenario import Cache, PrefillPool, Tiers
 from ...traces import RequestSource
 from ..core.network import Link
 from ..core.requests import RequestTable, State
@@ -35,7 +35,7 @@ from ..policies.router import Route, make_router
 from .expert_parallel import GroupExperts
 from .kvstore import KvStore
 from .prefill import PrefillInstance
-from .prefix_cache import MemoryPrefixStore, PrefixStore
+from .prefix_cache import PrefixStore
 from .swa import SwaDirectory, SwaLookup
 
 
@@ -54,10 +54,23 @@ def flop_counter(model: ModelSpec) -> Callable[[int, int, bool], float]:
     return flops
 
 
+@dataclass(frozen=True)
+class PrefillRouting:
+    """``policies``' prefill routing: the router's tag, its length tiers and affinity slack."""
+
+    router: str
+    tiers: Tiers
+    affinity_slack_s: float
+
+
 class PrefillPath:
     def __init__(
         self,
-        sc: Scenario,
+        *,
+        pool: PrefillPool,
+        cache: Cache,
+        routing: PrefillRouting,
+        load_latency_s: float,
         model: ModelSpec,
         hw: HardwareSpec,
         env: simpy.Environment,
@@ -67,26 +80,20 @@ class PrefillPath:
         imbalance: float,
         egress: list[Link],
         on_prefilled: Callable[[int, int], None],
+        store: PrefixStore | None,
         experts_for: Callable[[int], GroupExperts | None] = lambda i: None,
     ) -> None:
-        pool = sc.pools.prefill
+        """``store``: the prefix store (a ``KvStore`` for the 3FS cluster, or the in-memory one;
+        None without prefix caching); ``egress``: each instance's P->D link, which its store
+        writes share; ``experts_for(i)``: instance i's live expert balance, if any."""
         self.env, self.table, self.source, self.model = env, table, source, model
         self.block = source.block_tokens
         self.on_prefilled = on_prefilled
         self.egress = egress
         self.kv_per_token = model.kv_bytes_per_token()
         self.slot_bytes = model.swa_slot_bytes
-        cache = sc.cache
-        self.store: PrefixStore | None = None
-        self.kv: KvStore | None = None  # the 3FS store when the scenario has storage nodes
-        if cache.prefix.enabled and sc.pools.storage.nodes:
-            block_bytes = self.kv_per_token * self.block
-            rng = stream(sc.seed, "storage")
-            self.kv = KvStore(sc.pools.storage, source.class_names, block_bytes, rng)
-            self.store = self.kv
-        elif cache.prefix.enabled:
-            cap = cache.prefix.capacity_tokens
-            self.store = MemoryPrefixStore(None if cap is None else max(1, cap // self.block))
+        self.store = store
+        self.kv = store if isinstance(store, KvStore) else None  # the 3FS store, if any
         self.enc_replay = model.swa.bounded_replay_tokens if model.replay_only_layers else 0
         swa = model.swa
         dec = swa.exact_replay_tokens if cache.swa.mode == "exact" else swa.bounded_replay_tokens
@@ -100,7 +107,7 @@ class PrefillPath:
         load_bw = cache.prefix.load_gbps_per_8_gpus * 1e9 / 8 * pool.ep / 8
         self.vlan_bw = cache.swa.vlan_gbps * 1e9 / 8
         self.ingress = [
-            Link(env, f"load{i}", load_bw, sc.network.latency_s) for i in range(pool.instances)
+            Link(env, f"load{i}", load_bw, load_latency_s) for i in range(pool.instances)
         ]
         flops = flop_counter(model)
         self.instances = [
@@ -130,15 +137,15 @@ class PrefillPath:
                 f"{pool.step_time_budget_s} s cannot fit one token at the model's "
                 f"{model.max_context_tokens:,}-token context (needs {worst:.4g} s)",
             )
-        tiers = sc.policies.tiers
+        tiers = routing.tiers
         self.boundaries = list(tiers.boundaries)
         self.router = make_router(
-            sc.policies.prefill_router,
+            routing.router,
             env,
             self.instances,
             len(tiers.boundaries) + 1,
             tiers.round_s,
-            sc.policies.affinity_slack_s,
+            routing.affinity_slack_s,
         )
         self.hit_blocks: dict[int, int] = {}
         self.store_writes = 0
