@@ -1,4 +1,4 @@
-"""Local worker processes that outlive one another: the ``local`` executor of sweeps and plans.
+"""The executors of sweeps and plans: local worker processes that outlive one another, and Ray.
 
 Design notes
 ------------
@@ -42,6 +42,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from multiprocessing import connection as mp_connection
 from typing import Any
+
+from ..errors import UserError
 
 KILL_ENV = "DEEPINFER_SIM_TEST_KILL"
 
@@ -221,3 +223,48 @@ class WorkerPool:
                     continue
                 w.job = None
                 yield i, out, attempts[i] + 1
+
+
+def real_ray() -> Any | None:
+    """The Ray package, or None. A directory named ``ray`` on the path (Ray's own session
+    folder /tmp/ray, when /tmp is on sys.path) imports as an empty namespace package: not Ray."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    return ray if hasattr(ray, "remote") else None
+
+
+def import_ray() -> Any:
+    """The Ray package, or a clean error saying how to install it."""
+    ray = real_ray()
+    if ray is None:
+        raise UserError(
+            "the ray executor needs Ray, which is not installed: pip install 'deepinfer-sim[ray]'"
+        )
+    return ray
+
+
+@contextlib.contextmanager
+def ray_context(workers: int, address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, initialized (a local instance of ``workers`` CPUs, or the cluster at
+    ``address``) for the duration, unless the caller had already initialized it."""
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
+        if address is None:  # a local Ray instance: `workers` CPUs, no dashboard
+            kwargs.update(num_cpus=max(1, workers), include_dashboard=False)
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:  # ConnectionError, TimeoutError, RuntimeError... from Ray
+            where = f"at {address}" if address else "locally"
+            raise UserError(
+                f"cannot start or reach Ray {where}: {' '.join(str(exc).split())}"
+            ) from None
+        started = True
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()

@@ -44,8 +44,7 @@ from ..sim.core.engine import simulate
 from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
 from .bounds import WorkloadStats, rate_bound
-from .executors import Failed, WorkerPool
-from .sweep import ray_context
+from .executors import Failed, WorkerPool, ray_context
 
 
 @dataclass(frozen=True)

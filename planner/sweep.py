@@ -51,7 +51,7 @@ import pandas as pd
 from ..errors import UserError
 from ..scenario import dump_scenario, load_scenario
 from ..sim.core.engine import simulate
-from .executors import Failed, WorkerPool
+from .executors import Failed, WorkerPool, import_ray, ray_context
 from .grid import GridPoint, check_points
 
 TABLE = "sweep.parquet"
@@ -168,48 +168,6 @@ def _local(
             done({**record, "attempts": attempts})
 
 
-def real_ray() -> Any | None:
-    """The Ray package, or None. A directory named ``ray`` on the path (Ray's own session
-    folder /tmp/ray, when /tmp is on sys.path) imports as an empty namespace package: not Ray."""
-    try:
-        import ray
-    except ImportError:
-        return None
-    return ray if hasattr(ray, "remote") else None
-
-
-def _import_ray() -> Any:
-    ray = real_ray()
-    if ray is None:
-        raise UserError(
-            "the ray executor needs Ray, which is not installed: pip install 'deepinfer-sim[ray]'"
-        )
-    return ray
-
-
-@contextlib.contextmanager
-def ray_context(workers: int, address: str | None) -> Iterator[Any]:
-    """The ``ray`` module, initialized (a local instance of ``workers`` CPUs, or the cluster at
-    ``address``) for the duration, unless the caller had already initialized it."""
-    ray = _import_ray()
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"address": address, "log_to_driver": False}
-        if address is None:  # a local Ray instance: `workers` CPUs, no dashboard
-            kwargs.update(num_cpus=max(1, workers), include_dashboard=False)
-        try:
-            ray.init(**kwargs)
-        except Exception as exc:  # ConnectionError, TimeoutError, RuntimeError... from Ray
-            where = f"at {address}" if address else "locally"
-            raise UserError(f"cannot start or reach Ray {where}: {_one_line(str(exc))}") from None
-        started = True
-    try:
-        yield ray
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def _ray(
     tasks: list[dict[str, Any]],
     workers: int,
@@ -314,7 +272,7 @@ def run_sweep(
     if retries < 0:
         raise UserError(f"retries {retries}: expected at least 0")
     if executor == "ray":
-        _import_ray()
+        import_ray()
     grid = [GridPoint.of(p) for p in points]
     ids = [p.point_id for p in grid]
     if len(set(ids)) != len(ids):

@@ -197,7 +197,7 @@ def test_plan_rejects_a_bad_what_if_before_running(cli):
 
 @pytest.mark.ray
 def test_plan_on_ray_matches_the_local_executor(tmp_path):
-    from deepinfer_sim.planner.sweep import real_ray
+    from deepinfer_sim.planner.executors import real_ray
 
     if real_ray() is None:
         pytest.skip("the optional `ray` extra is not installed")

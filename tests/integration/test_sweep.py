@@ -178,7 +178,7 @@ def test_the_ray_executor_without_ray_says_how_to_install_it(tmp_path, config, m
 
 @pytest.mark.ray
 def test_the_ray_executor_runs_points_as_ray_tasks(tmp_path, config):
-    from deepinfer_sim.planner.sweep import real_ray
+    from deepinfer_sim.planner.executors import real_ray
 
     if real_ray() is None:
         pytest.skip("the optional `ray` extra is not installed")
