@@ -10,8 +10,8 @@ The API is the product; the CLI is a thin shell over it::
 
 from .errors import ConfigError, InvariantError, TraceError, UserError
 from .scenario import Scenario, load_scenario, scenario_from_dict
-from .sim.core.engine import simulate
 from .sim.results.result import Result
+from .sim.run import simulate
 
 __version__ = "0.1.0"
 

@@ -150,8 +150,8 @@ def run(
 ) -> None:
     """Simulate CONFIG (a scenario YAML path or a bundled name such as `default`)."""
     from .scenario import dump_scenario, load_scenario
-    from .sim.core.engine import simulate
     from .sim.results.result import write_run_error, write_text
+    from .sim.run import simulate
 
     sc = load_scenario(config, list(overrides))
     out = writable_dir(Path(out_dir) if out_dir else Path("runs") / sc.name)

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..scenario import Scenario, dump_scenario, load_scenario
-from ..sim.core.engine import simulate
+from ..sim.run import simulate
 from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
 from .bounds import WorkloadStats, rate_bound

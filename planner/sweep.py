@@ -50,7 +50,7 @@ import pandas as pd
 
 from ..errors import UserError
 from ..scenario import dump_scenario, load_scenario
-from ..sim.core.engine import simulate
+from ..sim.run import simulate
 from .executors import Failed, WorkerPool, import_ray, ray_context
 from .grid import GridPoint, check_points
 

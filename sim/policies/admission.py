@@ -23,10 +23,13 @@ many requests are queued.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...scenario import AdmissionPolicy, QueueLengthAdmission, QueueTimeAdmission, Slo
 from ..core.requests import RejectReason
-from ..stages.prefill import PrefillInstance
+
+if TYPE_CHECKING:
+    from ..stages.prefill import PrefillInstance
 
 
 class Admission:

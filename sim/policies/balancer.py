@@ -15,11 +15,12 @@ rank's memory. Policies:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..stages.decode import DecodeGroup
+if TYPE_CHECKING:
+    from ..stages.decode import DecodeGroup
 
 
 class DecodeBalancer(Protocol):

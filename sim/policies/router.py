@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import simpy
 
-from ..stages.prefill import PrefillInstance
+if TYPE_CHECKING:
+    from ..stages.prefill import PrefillInstance
 
 
 @dataclass(slots=True)

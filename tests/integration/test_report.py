@@ -26,7 +26,6 @@ from deepinfer_sim.cli import main
 from deepinfer_sim.cli_plan import report
 from deepinfer_sim.errors import UserError
 from deepinfer_sim.scenario import scenario_from_dict
-from deepinfer_sim.sim.core.engine import simulate
 from deepinfer_sim.sim.results import report_figures
 from deepinfer_sim.sim.results.report import load_run, render_report
 from deepinfer_sim.sim.results.report_figures import MAX_POINTS, PANELS, downsample
@@ -37,6 +36,7 @@ from deepinfer_sim.sim.results.report_numbers import (
     percent_number,
     same_offered_load,
 )
+from deepinfer_sim.sim.run import simulate
 
 
 @pytest.fixture(scope="module")

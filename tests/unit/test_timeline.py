@@ -22,7 +22,6 @@ from click.testing import CliRunner
 
 from deepinfer_sim.cli import main
 from deepinfer_sim.scenario import load_scenario
-from deepinfer_sim.sim.core.engine import simulate
 from deepinfer_sim.sim.results.timeline import (
     PID_DECODE,
     PID_STORAGE,
@@ -31,6 +30,7 @@ from deepinfer_sim.sim.results.timeline import (
     simulate_with_timeline,
     sources_from_run_dir,
 )
+from deepinfer_sim.sim.run import simulate
 
 SHRINK = ["workload.max_requests=200"]
 REQUIRED = {

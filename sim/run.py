@@ -19,17 +19,17 @@ from collections.abc import Callable
 
 import simpy
 
-from ...errors import ConfigWarning, UserError
-from ...scenario import Scenario
-from ...traces import RequestSource
-from ...traces.workload import build_source
-from ..results.itl import itl_summary
-from ..results.result import Result
-from ..results.revenue import unpriced_classes
-from ..results.summary import summarize
-from ..results.timeseries import TimeseriesSampler
-from .assemble import build_cluster
-from .cluster import Cluster, check_invariants
+from ..errors import ConfigWarning, UserError
+from ..scenario import Scenario
+from ..traces import RequestSource
+from ..traces.workload import build_source
+from .core.assemble import build_cluster
+from .core.cluster import Cluster, check_invariants
+from .results.itl import itl_summary
+from .results.result import Result
+from .results.revenue import unpriced_classes
+from .results.summary import summarize
+from .results.timeseries import TimeseriesSampler
 
 
 def simulate(
