@@ -29,6 +29,7 @@ from ..models.profile import Profile
 from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_hardware, load_model
 from ..sim.core.requests import RequestTable
+from ..sim.policies.chunking import WholePrompts
 from ..sim.policies.kv_admission import ReserveWholeContext
 from ..sim.stages.decode import DecodeGroup
 from ..sim.stages.prefill import PrefillInstance
@@ -94,18 +95,18 @@ def simulate_prefill(frame: pd.DataFrame, profile: Profile, shape: ReplayShape) 
     env = simpy.Environment()
     table = RequestTable(src)
     inst = PrefillInstance(
-        env,
-        0,
-        0,
-        validation_cost(profile, shape),
-        1,
-        shape.prefill_token_budget,
-        1e9,
-        1.0,
-        table,
-        lambda n, p, replay: 0.0,
-        lambda rid, i: None,
-        whole_prompts=True,
+        env=env,
+        idx=0,
+        machine=0,
+        cost=validation_cost(profile, shape),
+        dp=1,
+        max_tokens_per_step=shape.prefill_token_budget,
+        step_time_budget_s=1e9,
+        imbalance=1.0,
+        table=table,
+        flops=lambda n, p, replay: 0.0,
+        on_done=lambda rid, i: None,
+        chunking=WholePrompts(),
     )
 
     def arrivals():

@@ -1,14 +1,30 @@
-"""Chunk sizing for prefill steps: the largest chunk the step's time and token budgets allow.
+"""Prefill chunking: how much of each queued prompt a DP rank's step computes.
 
-A step's time is predicted by the fitted quadratic t = a + Σ_i (b·n_i + c·n_i·p_i + d·n_i²) over
-the sequences it computes (n new tokens after a computed prefix p). Given the time still free in
-the step, the largest n for one more sequence solves d·n² + (b + c·p)·n ≤ remaining, in closed
-form; it is then capped by the sequence's remaining tokens and the step's token budget.
+A prefill rank walks its first-come-first-served list every step. For each sequence a
+:class:`ChunkPolicy` says how many of its remaining tokens go into this step (0: none, the step
+is closed before it) and, once it is in, whether the step is full. ``CHUNK_POLICIES`` maps the
+config's ``pools.prefill.scheduler`` tag to one:
+
+- ``chunked`` (:class:`QuadraticChunks`): a step's time is predicted by the fitted quadratic
+  t = a + Σ_i (b·n_i + c·n_i·p_i + d·n_i²) over the sequences it computes (n new tokens after a
+  computed prefix p). Given the time still free in the step, the largest n for one more sequence
+  solves d·n² + (b + c·p)·n ≤ remaining, in closed form (:func:`largest_chunk`); it is then
+  capped by the sequence's remaining tokens and the step's token budget. Several sequences share
+  a step; a long prompt spans several steps.
+- ``whole`` (:class:`WholePrompts`, the baseline and the reference double): first come, first
+  served, whole prompts within the token budget; a prompt larger than the budget runs alone.
+
+The rank keeps the budgets (time left after the fixed term a, tokens left) and charges each
+chosen chunk to both the same way under either policy; the policies only read them. Both are
+O(1) per sequence: the rank already loops over the sequences it schedules.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
+
+from ...errors import ConfigError
 
 
 def largest_chunk(remaining_s: float, p: float, b: float, c: float, d: float) -> int:
@@ -27,3 +43,87 @@ def largest_chunk(remaining_s: float, p: float, b: float, c: float, d: float) ->
 
 def chunk_time(n: float, p: float, b: float, c: float, d: float) -> float:
     return n * (b + c * p + d * n)
+
+
+class ChunkPolicy(Protocol):
+    def take(
+        self,
+        remaining: int,
+        pos: int,
+        time_left: float,
+        tokens_left: int,
+        first: bool,
+        b: float,
+        c: float,
+        d: float,
+    ) -> int:
+        """New tokens to compute in this step for the next queued sequence, which has
+        ``remaining`` tokens left after a computed prefix of ``pos``, when the step has
+        ``time_left`` seconds (past the fixed term) and ``tokens_left`` tokens free and
+        ``first`` says no sequence is in it yet; (b, c, d) are the step-time quadratic's
+        per-sequence terms. 0 (or less): the step takes no more sequences."""
+        ...
+
+    def full(self, time_left: float, tokens_left: int) -> bool:
+        """Whether the step, with these budgets left after its last chunk, takes no more."""
+        ...
+
+
+class WholePrompts:
+    """First come, first served, whole prompts within the token budget; a prompt larger than the
+    budget runs alone in its step. Ignores the time budget."""
+
+    __slots__ = ()
+
+    def take(
+        self,
+        remaining: int,
+        pos: int,
+        time_left: float,
+        tokens_left: int,
+        first: bool,
+        b: float,
+        c: float,
+        d: float,
+    ) -> int:
+        return remaining if (remaining <= tokens_left or first) else 0
+
+    def full(self, time_left: float, tokens_left: int) -> bool:
+        return tokens_left <= 0
+
+
+class QuadraticChunks:
+    """The largest chunk the step's time (under the fitted quadratic) and token budgets allow."""
+
+    __slots__ = ()
+
+    def take(
+        self,
+        remaining: int,
+        pos: int,
+        time_left: float,
+        tokens_left: int,
+        first: bool,
+        b: float,
+        c: float,
+        d: float,
+    ) -> int:
+        return min(remaining, tokens_left, largest_chunk(time_left, pos, b, c, d))
+
+    def full(self, time_left: float, tokens_left: int) -> bool:
+        return tokens_left <= 0 or time_left <= 0
+
+
+CHUNK_POLICIES: dict[str, type[WholePrompts | QuadraticChunks]] = {
+    "chunked": QuadraticChunks,
+    "whole": WholePrompts,
+}
+
+
+def make_chunk_policy(tag: str) -> ChunkPolicy:
+    if tag not in CHUNK_POLICIES:
+        known = ", ".join(CHUNK_POLICIES)
+        raise ConfigError(
+            "pools.prefill.scheduler", f"unknown prefill scheduler {tag!r} (one of {known})"
+        )
+    return CHUNK_POLICIES[tag]()

@@ -14,14 +14,36 @@ logical expert sits in every physical slot, slots rank-major (rank r owns slots
 
 ``match_ranks`` optionally renumbers the new packs onto ranks to keep as many experts where they
 already are (an assignment problem per layer), so a rebalance moves fewer weights.
+
+When a group's experts move is an :class:`ExpertPlacement`; ``EXPERT_PLACEMENT`` maps the
+config's ``policies.eplb.{prefill,decode}.policy`` tag to one:
+
+- ``static`` (:class:`StaticPlacement`, the reference double): the contiguous blocks of
+  :func:`static_placement` forever; it keeps no statistics window, so nothing ever moves;
+- ``eplb`` (:class:`Rebalancing`): starts from the EPLB placement of the expected load
+  (``warm_start``) or the static blocks, and every ``period_steps`` steps re-places from the
+  group's last ``window_steps`` steps of expert loads, renumbering ranks to keep experts where
+  they are when ``minimize_moves``.
+
+The group (``sim/stages/expert_parallel.py``) keeps the window, the step count since the last
+re-placement and the sampling of the window's loads; the policy says how long a window it wants,
+when it is due and what the next placement is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+
+from ...errors import ConfigError
+from ...scenario import EplbPool
+
+if TYPE_CHECKING:
+    from ..stages.expert_parallel import GroupShape
 
 
 @dataclass(frozen=True)
@@ -173,3 +195,106 @@ def moved_experts(old: Placement, new: Placement, experts: int) -> np.ndarray:
     """(L, R) experts each rank must receive to go from ``old`` to ``new``."""
     gained = new.rank_counts(experts) - old.rank_counts(experts)
     return np.maximum(gained[:, :, :experts], 0).sum(axis=2)
+
+
+class ExpertPlacement(Protocol):
+    window_steps: int  # steps of expert-load statistics the group keeps for it (0: none)
+
+    def initial(self, static: Placement, expected: Callable[[], np.ndarray]) -> Placement:
+        """The placement a group starts from, given the static blocks and (called only if
+        needed) the expected (L, E) expert loads."""
+        ...
+
+    def phase(self, rng: np.random.Generator) -> int:
+        """Steps already counted toward the first re-placement (groups join mid-schedule, so
+        they do not re-place in step)."""
+        ...
+
+    def due(self, since: int) -> bool:
+        """Whether a group ``since`` steps past its last re-placement re-places now (it does
+        only with a non-empty window)."""
+        ...
+
+    def place(self, old: Placement, loads: np.ndarray) -> Placement:
+        """The placement that replaces ``old`` given the window's (L, E) expert loads."""
+        ...
+
+
+class StaticPlacement:
+    """The static blocks forever: no window, never due, nothing moves."""
+
+    __slots__ = ("window_steps",)
+
+    def __init__(self, cfg: EplbPool | None = None, shape: GroupShape | None = None) -> None:
+        self.window_steps = 0
+
+    def initial(self, static: Placement, expected: Callable[[], np.ndarray]) -> Placement:
+        return static
+
+    def phase(self, rng: np.random.Generator) -> int:
+        return 0  # draws nothing
+
+    def due(self, since: int) -> bool:
+        return False
+
+    def place(self, old: Placement, loads: np.ndarray) -> Placement:
+        return old
+
+
+class Rebalancing:
+    """EPLB every ``period_steps`` on the last ``window_steps`` steps of expert loads."""
+
+    __slots__ = (
+        "groups",
+        "minimize_moves",
+        "nodes",
+        "period_steps",
+        "ranks",
+        "redundant",
+        "warm_start",
+        "window_steps",
+    )
+
+    def __init__(self, cfg: EplbPool, shape: GroupShape) -> None:
+        self.window_steps = cfg.window_steps
+        self.period_steps = cfg.period_steps
+        self.warm_start = cfg.warm_start
+        self.minimize_moves = cfg.minimize_moves
+        self.ranks = shape.ranks
+        self.redundant = shape.redundant_per_rank
+        self.groups = shape.groups
+        self.nodes = shape.nodes
+
+    def _eplb(self, weight: np.ndarray) -> Placement:
+        return rebalance(weight, self.ranks, self.redundant, self.groups, self.nodes)
+
+    def initial(self, static: Placement, expected: Callable[[], np.ndarray]) -> Placement:
+        return self._eplb(expected()) if self.warm_start else static
+
+    def phase(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.period_steps))
+
+    def due(self, since: int) -> bool:
+        return since >= self.period_steps
+
+    def place(self, old: Placement, loads: np.ndarray) -> Placement:
+        new = self._eplb(loads)
+        if self.minimize_moves:
+            new = match_ranks(old, new, loads.shape[1], self.nodes)
+        return new
+
+
+EXPERT_PLACEMENT: dict[str, type[StaticPlacement | Rebalancing]] = {
+    "static": StaticPlacement,
+    "eplb": Rebalancing,
+}
+
+
+def make_expert_placement(cfg: EplbPool, shape: GroupShape) -> ExpertPlacement:
+    """The placement policy named by ``cfg.policy`` for a group of this shape."""
+    if cfg.policy not in EXPERT_PLACEMENT:
+        known = ", ".join(EXPERT_PLACEMENT)
+        raise ConfigError(
+            "policies.eplb.policy", f"unknown EPLB policy {cfg.policy!r} (one of {known})"
+        )
+    return EXPERT_PLACEMENT[cfg.policy](cfg, shape)

@@ -5,7 +5,8 @@ prefill step runs its chunks through the prefill layers and its SWA replay throu
 replay-only layers; a decode step runs every layer), together with Σ t² over its requests.
 ``step`` then
 
-1. rebalances when the period is up: EPLB on the window's expert loads, sampled in aggregate
+1. re-places its experts when its placement policy (``sim/policies/eplb.py``: ``static`` never,
+   ``eplb`` every period) is due: the policy gets the window's expert loads, sampled in aggregate
    (each expert's count ~ Normal with the Poisson-plus-request-bias variance of its mean); the
    weights that move are a stall charged to this step;
 2. samples every (layer, rank) load of this step from the same moments under the current
@@ -27,7 +28,7 @@ import numpy as np
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
 from ...scenario import EplbPool
-from ..policies.eplb import Placement, match_ranks, moved_experts, rebalance, static_placement
+from ..policies.eplb import Placement, make_expert_placement, moved_experts, static_placement
 from .expert_load import ExpertLoadModel, SlotWeights, slot_moments
 
 Pool = Literal["prefill", "decode"]
@@ -82,16 +83,15 @@ class GroupExperts:
         self.policy = policy
         self.shape = shape
         self.rng = rng
-        self.eplb = policy.policy == "eplb"
+        self.placer = make_expert_placement(policy, shape)
         layers, experts = load.layers, load.experts
-        self.placement = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
-        if self.eplb and policy.warm_start:
-            self.placement = self._eplb(load.mean_popularity())
+        static = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
+        self.placement = self.placer.initial(static, load.mean_popularity)
+        # the statistics window (maxlen 0 for a policy that keeps none: appends are no-ops)
         self.window: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(
-            maxlen=policy.window_steps
+            maxlen=self.placer.window_steps
         )
-        # a group joins mid-schedule, so groups do not rebalance in step
-        self.since = int(rng.integers(policy.period_steps)) if self.eplb else 0
+        self.since = self.placer.phase(rng)  # steps since the last re-placement
         self._version = -1
         self.rebalances = 0
         self.moved_bytes = 0.0
@@ -105,10 +105,6 @@ class GroupExperts:
         self._moments: tuple[np.ndarray, np.ndarray, np.ndarray] = slot_moments(
             load.pop, self._slots, load.het
         )
-
-    def _eplb(self, weight: np.ndarray) -> Placement:
-        s = self.shape
-        return rebalance(weight, s.ranks, s.redundant_per_rank, s.groups, s.nodes)
 
     def place(self, placement: Placement) -> None:
         """Adopt a placement (the moments are recomputed at the next step)."""
@@ -131,11 +127,10 @@ class GroupExperts:
         tokens per class and layer set, whose requests' tokens square-sum to ``sq_tokens``."""
         self.load.advance(now)
         stall = 0.0
-        if self.eplb:
-            self.since += 1
-            if self.since >= self.policy.period_steps and self.window:
-                stall = self._rebalance()
-            self.window.append((self.load.pop, tokens, sq_tokens))
+        self.since += 1
+        if self.window and self.placer.due(self.since):
+            stall = self._rebalance()
+        self.window.append((self.load.pop, tokens, sq_tokens))
         factor = self._sample(tokens, sq_tokens)
         self.factor_sum += factor
         self.factor_steps += 1
@@ -194,10 +189,8 @@ class GroupExperts:
     def _rebalance(self) -> float:
         s = self.shape
         old = self.placement
-        new = self._eplb(self.window_loads())
+        new = self.placer.place(old, self.window_loads())
         experts = self.load.experts
-        if self.policy.minimize_moves:
-            new = match_ranks(old, new, experts, s.nodes)
         moved = moved_experts(old, new, experts)  # (L, R)
         self.place(new)
         self.since = 0

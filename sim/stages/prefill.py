@@ -1,16 +1,14 @@
 """Prefill instances: chunked prefill on EP = DP ranks, one event per engine step.
 
 Each request admitted to an instance is placed on the DP rank with the least outstanding work
-and joins that rank's first-come-first-served list. Every step, each rank walks its list and
-gives each sequence the largest chunk that still fits the step: the fitted quadratic cost model
-t = a + Σ (b·n + c·n·p + d·n²) predicts the step's time, the closed-form solver
-(``chunking.largest_chunk``) picks n within the remaining step-time budget, capped by the
-sequence's remaining tokens and the rank's token budget (32,768 by default). Several sequences
-share a step; a long prompt spans several steps; each chunk attends to everything computed
-before it (p grows).
-
-``whole_prompts=True`` is the simple baseline policy instead: first come, first served, whole
-prompts within the token budget (a prompt larger than the budget runs alone in its step).
+and joins that rank's first-come-first-served list. Every step, each rank walks its list and its
+chunk policy (``sim/policies/chunking.py``, the ``pools.prefill.scheduler`` tag) says how many
+tokens of each sequence go into the step and when the step is full. The rank keeps its budgets:
+the step-time budget less the fitted quadratic's fixed term a, each chunk charged
+b·n + c·n·p + d·n², and the token budget (32,768 by default). The default policy gives each
+sequence the largest chunk that still fits both, so several sequences share a step and a long
+prompt spans several steps; ``whole`` is the first-come-first-served whole-prompt baseline. Each
+chunk attends to everything computed before it (p grows).
 
 SWA replay rides along: a request whose prefix-cache hit has no SWA slot first recomputes the
 last tokens of the hit prefix through the prefill layers (counted as replay, not as new tokens),
@@ -29,7 +27,7 @@ import simpy
 from ...models.cost import Chunk, StepCost
 from ..core.requests import RequestTable, State
 from ..core.steploop import StepLoop
-from ..policies.chunking import chunk_time, largest_chunk
+from ..policies.chunking import ChunkPolicy, chunk_time
 from .expert_parallel import GroupExperts
 
 
@@ -61,6 +59,7 @@ class PrefillStats:
 class PrefillInstance(StepLoop):
     __slots__ = (
         "busy_s",
+        "chunking",
         "cost",
         "dp",
         "experts",
@@ -80,11 +79,11 @@ class PrefillInstance(StepLoop):
         "table",
         "time_budget",
         "traffic_class",
-        "whole",
     )
 
     def __init__(
         self,
+        *,
         env: simpy.Environment,
         idx: int,
         machine: int,
@@ -96,14 +95,14 @@ class PrefillInstance(StepLoop):
         table: RequestTable,
         flops: Callable[[int, int, bool], float],
         on_done: Callable[[int, int], None],
-        whole_prompts: bool = False,
+        chunking: ChunkPolicy,
         experts: GroupExperts | None = None,
         traffic_class: np.ndarray | None = None,
     ) -> None:
         super().__init__(env)
         self.experts = experts  # live expert imbalance; None: the constant ``imbalance``
         self.traffic_class = traffic_class
-        self.whole = whole_prompts
+        self.chunking = chunking  # how much of each queued sequence a step takes
         self.idx = idx
         self.machine = machine
         self.cost = cost
@@ -153,6 +152,7 @@ class PrefillInstance(StepLoop):
         running.clear()
         now = self.env.now
         start_col = self.table.t_prefill_start
+        take, full = self.chunking.take, self.chunking.full
         for seqs in self.ranks:
             rank_chunks: list[Chunk] = []
             rank_replay: list[Chunk] = []
@@ -160,10 +160,7 @@ class PrefillInstance(StepLoop):
             tokens_left = self.max_tokens
             for seq in seqs:
                 remaining = seq.end - seq.pos
-                if self.whole:  # whole prompts within the token budget; a big one runs alone
-                    n = remaining if (remaining <= tokens_left or not rank_chunks) else 0
-                else:
-                    n = min(remaining, tokens_left, largest_chunk(time_left, seq.pos, b, c, d))
+                n = take(remaining, seq.pos, time_left, tokens_left, not rank_chunks, b, c, d)
                 if n <= 0:
                     break
                 rank_chunks.append((n, seq.pos))
@@ -174,7 +171,7 @@ class PrefillInstance(StepLoop):
                 running.append((seq, n, replay))
                 time_left -= chunk_time(n, seq.pos, b, c, d)
                 tokens_left -= n
-                if tokens_left <= 0 or (time_left <= 0 and not self.whole):
+                if full(time_left, tokens_left):
                     break
             chunks.append(rank_chunks)
             replays.append(rank_replay)

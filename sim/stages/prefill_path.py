@@ -31,6 +31,7 @@ from ...scenario import Cache, PrefillPool, Tiers
 from ...traces import RequestSource
 from ..core.network import Link
 from ..core.requests import RequestTable, State
+from ..policies.chunking import make_chunk_policy
 from ..policies.router import Route, make_router
 from .expert_parallel import GroupExperts
 from .kvstore import KvStore
@@ -110,20 +111,21 @@ class PrefillPath:
             Link(env, f"load{i}", load_bw, load_latency_s) for i in range(pool.instances)
         ]
         flops = flop_counter(model)
+        chunking = make_chunk_policy(pool.scheduler)
         self.instances = [
             PrefillInstance(
-                env,
-                i,
-                i // per_machine,
-                cost,
-                pool.ep,
-                pool.max_tokens_per_step,
-                pool.step_time_budget_s,
-                imbalance,
-                table,
-                flops,
-                self._prefilled,
-                whole_prompts=pool.scheduler == "whole",
+                env=env,
+                idx=i,
+                machine=i // per_machine,
+                cost=cost,
+                dp=pool.ep,
+                max_tokens_per_step=pool.max_tokens_per_step,
+                step_time_budget_s=pool.step_time_budget_s,
+                imbalance=imbalance,
+                table=table,
+                flops=flops,
+                on_done=self._prefilled,
+                chunking=chunking,
                 experts=experts_for(i),
                 traffic_class=source.traffic_class,
             )
