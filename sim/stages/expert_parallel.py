@@ -212,3 +212,19 @@ class GroupExperts:
     @property
     def imbalance_mean(self) -> float:
         return self.factor_sum / self.factor_steps if self.factor_steps else float("nan")
+
+    def report(self) -> dict[str, str | int | float | np.ndarray]:
+        """The group's EPLB part of the summary: its policy, its redundant slots per rank, every
+        step's imbalance factor (``factors``), and the rebalances with the experts and bytes they
+        moved and the stall they cost."""
+        return {
+            "policy": self.policy.policy,
+            "window_steps": self.policy.window_steps,
+            "period_steps": self.policy.period_steps,
+            "redundant_experts_per_gpu": self.shape.redundant_per_rank,
+            "factors": np.asarray(self.factors),
+            "rebalances": self.rebalances,
+            "moved_bytes": self.moved_bytes,
+            "moved_experts": self.moved_experts,
+            "stall_s": self.stall_total_s,
+        }
