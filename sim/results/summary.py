@@ -171,7 +171,7 @@ def _eplb(cl: Cluster, rep: Reports) -> dict[str, Any]:
         if not live:
             out[f"{pool}_imbalance_mean"] = getattr(constant, pool)
             continue
-        factors = np.concatenate([e["factors"] for e in live])
+        factors = np.concatenate([np.asarray(e["factors"]) for e in live])
         first = live[0]
         stats = {
             "policy": first["policy"],
@@ -204,7 +204,7 @@ def _storage(cl: Cluster, rep: Reports, read_gbps_peak: float) -> dict[str, Any]
         "logical_tb": {"logical_tb_per_gpu": kv["logical_tb"] / cl.sc.pools.gpus},
         "write_bytes": {
             "read_gbps_peak": read_gbps_peak,
-            "read_latency_s": dist_stats(path["read_latencies"]),
+            "read_latency_s": dist_stats(np.asarray(path["read_latencies"])),
         },
         "expirations": {"node_failures": cl.counters.get("storage_node_failures", 0)},
     }

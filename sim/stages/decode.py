@@ -416,8 +416,9 @@ class DecodeGroup(StepLoop):
         """The group's own part of the summary, as of ``now``: its steps and the sequence-steps
         they ran, speculative decoding's verified and emitted tokens, KV pressure (preemptions,
         recompute seconds), rank failures, busy seconds (``stepping_s``: the step in flight, up
-        to ``now``), the occupancy integrals summed over its ranks, and its experts' report
-        (None when the expert imbalance is a constant)."""
+        to ``now``), the occupancy integrals summed over its ranks, its experts' report (None
+        when the expert imbalance is a constant), and its state now: sequences running and
+        waiting, and per rank the sequences and the KV tokens reserved (copies)."""
         return {
             "ranks": self.ep,
             "steps": self.steps,
@@ -433,6 +434,10 @@ class DecodeGroup(StepLoop):
             "kv_s": self.kv_s,
             "reserved_s": self.reserved_s,
             "experts": self.experts.report() if self.experts is not None else None,
+            "running": self.n,
+            "waiting": self.n_waiting,
+            "batch": self.batch.copy(),
+            "reserved": self.reserved.copy(),
         }
 
     def check(self) -> list[str]:

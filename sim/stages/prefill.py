@@ -239,7 +239,8 @@ class PrefillInstance(StepLoop):
     def report(self, now: float) -> dict[str, float]:
         """The instance's own part of the summary, as of ``now``: steps, busy seconds
         (``stepping_s``: the step in flight, up to ``now``), positions scheduled in chunks,
-        tokens computed and replayed, and their FLOPs (its experts report apart)."""
+        tokens computed and replayed, their FLOPs (its experts report apart), and the prompts
+        on it now (queued or being computed)."""
         stats = self.stats
         return {
             "steps": self.steps,
@@ -250,4 +251,5 @@ class PrefillInstance(StepLoop):
             "replay_tokens": stats.replay_tokens,
             "flops": stats.flops,
             "replay_flops": stats.replay_flops,
+            "queued": self.queued,
         }

@@ -66,6 +66,17 @@ def test_decode_group_reports_its_steps_tokens_and_occupancy():
     assert r["kv_s"] == (100 + 100) * 0.5 + 101 * 0.5  # context held while stepping
     assert r["preemptions"] == 0 and r["rank_failures"] == 0 and r["verify_sum"] == 0
     assert r["experts"] is None  # a constant imbalance: nothing to report
+    assert r["running"] == 0 and r["waiting"] == 0 and not r["batch"].any()
+
+
+def test_decode_group_report_shows_what_runs_now_per_rank():
+    env, group = decode_group([5, 5, 5])  # ranks 0, 1, 0
+    env.run(until=0.25)
+    r = group.report(env.now)
+    assert r["running"] == 3 and r["batch"].tolist() == [2, 1]
+    assert r["reserved"].tolist() == [2 * 105, 105]  # whole context reserved
+    r["batch"][0] = 99  # a copy: the report never writes into the group
+    assert group.report(env.now)["batch"].tolist() == [2, 1]
 
 
 def test_decode_group_report_counts_the_step_in_flight_up_to_now():
@@ -145,8 +156,9 @@ def test_group_experts_report_every_step_factor_and_its_policy():
     r = experts.report()
     assert (r["policy"], r["window_steps"], r["period_steps"]) == ("eplb", 3, 4)
     assert r["redundant_experts_per_gpu"] == 1
-    factors = r["factors"]
-    assert isinstance(factors, np.ndarray) and factors.size == 10 and (factors >= 1.0).all()
+    factors = np.asarray(r["factors"])
+    assert factors.size == r["factor_steps"] == 10 and (factors >= 1.0).all()
+    assert r["factor_sum"] == pytest.approx(factors.sum())
     assert r["rebalances"] >= 2 and r["stall_s"] == experts.stall_total_s > 0
 
 
