@@ -131,3 +131,7 @@ class Link:
         self._advance()
         self.up = True
         self._reschedule()
+
+    def report(self) -> dict[str, float]:
+        """The link's own counts: transfers started, their bytes, flows in flight now."""
+        return {"transfers": self.transfers, "bytes": self.bytes_total, "active": self.active}

@@ -56,6 +56,16 @@ class Admission:
     def prefilled(self) -> None:
         self.backlog -= 1
 
+    def report(self) -> dict[str, float | None]:
+        """The policy's own part of the summary: its limits (None where it sets none), the
+        largest predicted wait it saw (None without a wait limit) and the largest backlog."""
+        return {
+            "max_wait_s": self.limit_s,
+            "max_queued": self.max_queued,
+            "predicted_wait_max_s": self.wait_max_s if self.limit_s is not None else None,
+            "prefill_backlog_max": self.backlog_max,
+        }
+
 
 class QueueTime(Admission):
     __slots__ = ("instances",)

@@ -23,7 +23,8 @@ DeepSeek's published $/GPU-hour figure is).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,8 +37,39 @@ if TYPE_CHECKING:
 
     from ..core.cluster import Cluster
 
+Report = dict[str, Any]
 
-def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:
+
+@dataclass(frozen=True)
+class Reports:
+    """Every component's own report, taken once at the end of the run: the summary assembles
+    its sections from these, the requests table and the configuration, and reads no
+    component's internals."""
+
+    vision: list[Report]
+    prefill: list[Report]
+    prefill_experts: list[Report | None]
+    decode: list[Report]
+    path: Report | None
+    backup_links: list[Report]
+    admission: Report
+
+    @classmethod
+    def of(cls, cl: Cluster) -> Reports:
+        now = cl.env.now
+        path = cl.path.report(now) if cl.path is not None else None
+        return cls(
+            vision=[v.report(now) for v in cl.vision],
+            prefill=path["instances"] if path is not None else [],
+            prefill_experts=path["experts"] if path is not None else [],
+            decode=[g.report(now) for g in cl.decode],
+            path=path,
+            backup_links=[link.report() for link in cl.backup_links],
+            admission=cl.admission.report(),
+        )
+
+
+def _cost(cl: Cluster, rep: Reports, makespan: float) -> dict[str, Any]:
     sc = cl.sc
     pools = sc.pools
     gpus = pools.gpus_by_pool()
@@ -47,7 +79,7 @@ def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:
     done = t.state == State.DONE
     in_tok_s = float(t.input_len[done].sum()) / makespan
     out_tok_s = float(t.output_len[done].sum()) / makespan
-    cache = _cache(cl)
+    cache = _cache(cl, rep)
     by_class = {}
     for code, name in enumerate(t.source.class_names):
         sel = done & (t.source.traffic_class == code)
@@ -73,9 +105,9 @@ def _cost(cl: Cluster, makespan: float) -> dict[str, Any]:
     }
 
 
-def _prefill(cl: Cluster) -> dict[str, Any]:
+def _prefill(cl: Cluster, rep: Reports) -> dict[str, Any]:
     t = cl.table
-    stats = [p.stats for p in cl.prefill]
+    stats = rep.prefill
     looked = t.swa_lookup
     tiers = cl.sc.policies.tiers.names()
     by_tier = {}
@@ -89,11 +121,11 @@ def _prefill(cl: Cluster) -> dict[str, Any]:
         "scheduler": cl.sc.pools.prefill.scheduler,
         "router": cl.sc.policies.prefill_router,
         "swa_mode": cl.sc.cache.swa.mode,
-        "compute_tokens": sum(s.compute_tokens for s in stats),
-        "replay_tokens": sum(s.replay_tokens for s in stats),
-        "flops": sum(s.flops for s in stats),
-        "replay_flops": sum(s.replay_flops for s in stats),
-        "steps": sum(p.steps for p in cl.prefill),
+        "compute_tokens": sum(s["compute_tokens"] for s in stats),
+        "replay_tokens": sum(s["replay_tokens"] for s in stats),
+        "flops": sum(s["flops"] for s in stats),
+        "replay_flops": sum(s["replay_flops"] for s in stats),
+        "steps": sum(s["steps"] for s in stats),
         "swa_hits": int(((looked == 2) | (looked == 3)).sum()),
         "swa_remote_hits": int((looked == 3).sum()),
         "swa_misses": int((looked == 1).sum()),
@@ -101,7 +133,7 @@ def _prefill(cl: Cluster) -> dict[str, Any]:
     }
 
 
-def _cache(cl: Cluster) -> dict[str, Any]:
+def _cache(cl: Cluster, rep: Reports) -> dict[str, Any]:
     t = cl.table
     src = t.source
     looked_up = t.state != State.PENDING
@@ -119,11 +151,11 @@ def _cache(cl: Cluster) -> dict[str, Any]:
         "hit_rate_tokens": float(hit.sum() / total.sum()) if total.sum() else None,
         "by_class": by_class,
         "hit_tokens": float(hit.sum()),
-        "blocks_stored": len(cl.path.store) if cl.path and cl.path.store is not None else 0,
+        "blocks_stored": rep.path["blocks_stored"] if rep.path is not None else 0,
     }
 
 
-def _eplb(cl: Cluster) -> dict[str, Any]:
+def _eplb(cl: Cluster, rep: Reports) -> dict[str, Any]:
     """Expert imbalance per pool (step-weighted over every EP group) and EPLB's work."""
     sc = cl.sc
     eplb = sc.policies.eplb
@@ -132,26 +164,26 @@ def _eplb(cl: Cluster) -> dict[str, Any]:
     by_pool = {}
     totals = {"rebalances": 0, "moved_bytes": 0.0, "moved_experts": 0, "stall_s": 0.0}
     for pool, groups in (
-        ("prefill", [p.experts for p in cl.prefill]),
-        ("decode", [g.experts for g in cl.decode]),
+        ("prefill", rep.prefill_experts),
+        ("decode", [g["experts"] for g in rep.decode]),
     ):
         live = [e for e in groups if e is not None]
         if not live:
             out[f"{pool}_imbalance_mean"] = getattr(constant, pool)
             continue
-        factors = np.concatenate([np.asarray(e.factors) for e in live])
-        policy = getattr(eplb, pool)
+        factors = np.concatenate([np.asarray(e["factors"]) for e in live])
+        first = live[0]
         stats = {
-            "policy": policy.policy,
-            "window_steps": policy.window_steps,
-            "period_steps": policy.period_steps,
-            "redundant_experts_per_gpu": live[0].shape.redundant_per_rank,
+            "policy": first["policy"],
+            "window_steps": first["window_steps"],
+            "period_steps": first["period_steps"],
+            "redundant_experts_per_gpu": first["redundant_experts_per_gpu"],
             "steps": int(factors.size),
             "imbalance": dist_stats(factors),
-            "rebalances": sum(e.rebalances for e in live),
-            "moved_bytes": sum(e.moved_bytes for e in live),
-            "moved_experts": sum(e.moved_experts for e in live),
-            "stall_s": sum(e.stall_total_s for e in live),
+            "rebalances": sum(e["rebalances"] for e in live),
+            "moved_bytes": sum(e["moved_bytes"] for e in live),
+            "moved_experts": sum(e["moved_experts"] for e in live),
+            "stall_s": sum(e["stall_s"] for e in live),
         }
         by_pool[pool] = stats
         out[f"{pool}_imbalance_mean"] = float(factors.mean()) if factors.size else None
@@ -160,77 +192,59 @@ def _eplb(cl: Cluster) -> dict[str, Any]:
     return {**out, **totals, "by_pool": by_pool}
 
 
-def _storage(cl: Cluster, read_gbps_peak: float) -> dict[str, Any] | None:
-    """The 3FS store's traffic, retention and failures (None without storage nodes)."""
-    path = cl.path
-    kv = path.kv if path is not None else None
+def _storage(cl: Cluster, rep: Reports, read_gbps_peak: float) -> dict[str, Any] | None:
+    """The 3FS store's traffic, retention and failures (None without storage nodes): the
+    store's report with the run's numbers in their places (capacity per GPU, peak read rate
+    from the time series, the hit reads' latencies from the prefill path, node failures)."""
+    path = rep.path
+    kv = path["storage"] if path is not None else None
     if path is None or kv is None:
         return None
-    cfg = cl.sc.pools.storage
-    nodes = kv.nodes
-    gpus = cl.sc.pools.gpus
-    return {
-        "nodes": cfg.nodes,
-        "coding": f"{cfg.data_chunks}+{cfg.parity_chunks}",
-        "logical_tb": cfg.logical_bytes / 1e12,
-        "logical_tb_per_gpu": cfg.logical_bytes / 1e12 / gpus,
-        "ttl_s": {name: kv.ttl[i] for i, name in enumerate(cl.table.source.class_names)},
-        "refresh_on_read": cfg.refresh_on_read,
-        "reads": kv.reads,
-        "writes": kv.writes,
-        "read_blocks": kv.read_blocks,
-        "written_blocks": kv.written_blocks,
-        "read_bytes": nodes.read_bytes,
-        "write_bytes": nodes.write_bytes,
-        "read_gbps_peak": read_gbps_peak,
-        "read_latency_s": dist_stats(np.asarray(path.read_latencies)),
-        "blocks_held": len(kv),
-        "used_fraction": kv.used_fraction(),
-        "used_fraction_peak": kv.used_fraction_peak,
-        "evictions_gc": kv.evictions_gc,
-        "expirations": kv.expirations,
-        "node_failures": cl.counters.get("storage_node_failures", 0),
-        "degraded_reads": nodes.degraded_reads,
-        "lost_blocks": kv.lost_blocks,
-        "lost_block_misses": kv.lost_misses,
-        "writes_failed": kv.writes_failed,
-        "rebuild_bytes": nodes.rebuild_bytes,
+    run = {
+        "logical_tb": {"logical_tb_per_gpu": kv["logical_tb"] / cl.sc.pools.gpus},
+        "write_bytes": {
+            "read_gbps_peak": read_gbps_peak,
+            "read_latency_s": dist_stats(np.asarray(path["read_latencies"])),
+        },
+        "expirations": {"node_failures": cl.counters.get("storage_node_failures", 0)},
     }
+    out: dict[str, Any] = {}
+    for key, value in kv.items():
+        out[key] = value
+        out.update(run.get(key, {}))
+    return out
 
 
-class _Engine(Protocol):
-    busy_s: float
-
-    def stepping_s(self, now: float) -> float: ...
-
-
-def _busy(engines: Sequence[_Engine], now: float) -> float:
-    """Seconds the engines spent stepping up to ``now`` (a step in flight counts up to it)."""
-    return sum(e.busy_s + e.stepping_s(now) for e in engines)
+def _busy(engines: Sequence[Report]) -> float:
+    """Seconds the engines spent stepping up to the reports' time (a step in flight counts up
+    to it)."""
+    return sum(e["busy_s"] + e["stepping_s"] for e in engines)
 
 
-def _utilization(engines: Sequence[_Engine], now: float, window: float) -> float | None:
+def _utilization(engines: Sequence[Report], window: float) -> float | None:
     if not engines:
         return None
-    return float(min(1.0, _busy(engines, now) / (window * len(engines))))  # min(): round-off
+    return float(min(1.0, _busy(engines) / (window * len(engines))))  # min(): round-off
 
 
-def _load(cl: Cluster, window: float, queues: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+def _load(
+    cl: Cluster, rep: Reports, window: float, queues: dict[str, dict[str, float]] | None
+) -> dict[str, Any]:
     """Occupancy next to busy time. Time-weighted means are over ``window_s`` (an idle engine
     holds nothing); ``*_while_busy`` means are over the time the engines were stepping."""
     sc = cl.sc
-    now = cl.env.now
     queues = queues or {}
     d = sc.pools.decode
-    ranks = len(cl.decode) * d.ep
+    groups = rep.decode
+    ranks = len(groups) * d.ep
     cap = cl.kv_capacity_tokens
-    busy_d = sum(g.busy_s for g in cl.decode)
-    seq_s = sum(g.seq_s for g in cl.decode)
-    kv_s = sum(g.kv_s for g in cl.decode)
-    res_s = sum(g.reserved_s for g in cl.decode)
+    busy_d = sum(g["busy_s"] for g in groups)
+    seq_s = sum(g["seq_s"] for g in groups)
+    kv_s = sum(g["kv_s"] for g in groups)
+    res_s = sum(g["reserved_s"] for g in groups)
     seqs_mean = seq_s / (window * ranks)
     decode = {
-        "busy_fraction": _utilization(cl.decode, now, window),
+        "busy_fraction": _utilization(groups, window),
         "seqs_per_rank_mean": seqs_mean,
         "seqs_per_rank_while_busy": seq_s / (busy_d * ranks) if busy_d else 0.0,
         "max_seqs_per_rank": d.max_seqs_per_rank,
@@ -244,13 +258,14 @@ def _load(cl: Cluster, window: float, queues: dict[str, dict[str, float]] | None
         "parked_queue": queues.get("decode_parked"),
     }
     p = sc.pools.prefill
-    steps = sum(i.steps for i in cl.prefill)
-    chunk_tokens = sum(i.stats.chunk_tokens for i in cl.prefill)
+    instances = rep.prefill
+    steps = sum(i["steps"] for i in instances)
+    chunk_tokens = sum(i["chunk_tokens"] for i in instances)
     budget = p.max_tokens_per_step * p.ep
     per_step = chunk_tokens / steps if steps else 0.0
-    busy_p = sum(i.busy_s for i in cl.prefill)
+    busy_p = sum(i["busy_s"] for i in instances)
     prefill = {
-        "busy_fraction": _utilization(cl.prefill, now, window),
+        "busy_fraction": _utilization(instances, window),
         "tokens_per_step_mean": per_step,
         "step_token_budget": budget,
         "step_token_fill": per_step / budget,
@@ -260,49 +275,49 @@ def _load(cl: Cluster, window: float, queues: dict[str, dict[str, float]] | None
     }
     out: dict[str, Any] = {"window_s": window, "prefill": prefill, "decode": decode}
     out["transfer"] = {"queue": queues.get("transfer")}
-    if cl.vision:
+    if rep.vision:
         out["vision"] = {
-            "busy_fraction": _utilization(cl.vision, now, window),
+            "busy_fraction": _utilization(rep.vision, window),
             "queue": queues.get("vision"),
         }
     return out
 
 
-def _vision(cl: Cluster, window: float) -> dict[str, Any] | None:
+def _vision(cl: Cluster, rep: Reports, window: float) -> dict[str, Any] | None:
     """The VE stage: images encoded, time in the stage (queue + encode), encode time alone."""
-    if not cl.vision:
+    if not rep.vision:
         return None
     t = cl.table
     encoded = np.isfinite(t.t_vision_done)
-    per_image = cl.vision[0].seconds_per_image
+    per_image = rep.vision[0]["seconds_per_image"]
     images = t.source.image_count[encoded].astype(float)
     return {
-        "instances": len(cl.vision),
+        "instances": len(rep.vision),
         "hardware": cl.sc.pools.vision.hardware,
         "requests": int(encoded.sum()),
-        "images": int(sum(v.encoded for v in cl.vision)),
+        "images": int(sum(v["images"] for v in rep.vision)),
         "seconds_per_image": per_image,
         "encode_s": dist_stats(images * per_image),
         "stage_s": dist_stats((t.t_vision_done - t.arrival)[encoded]),
-        "ve_utilization": _utilization(cl.vision, cl.env.now, window),
+        "ve_utilization": _utilization(rep.vision, window),
     }
 
 
-def _admission(cl: Cluster) -> dict[str, Any]:
+def _admission(cl: Cluster, rep: Reports) -> dict[str, Any]:
     """policies.admission: its limit, what it turned away, and the prefill backlog it saw."""
     t = cl.table
-    adm = cl.admission
+    adm = rep.admission
     admission_reasons = (RejectReason.QUEUE_TIME, RejectReason.QUEUE_LENGTH)
     turned = (t.state == State.REJECTED) & np.isin(t.reject_reason, admission_reasons)
     n = int(turned.sum())
     return {
         "policy": cl.sc.policies.admission.policy,
-        "max_wait_s": adm.limit_s,
-        "max_queued": adm.max_queued,
+        "max_wait_s": adm["max_wait_s"],
+        "max_queued": adm["max_queued"],
         "rejected": n,
         "rejected_fraction": n / cl.arrived if cl.arrived else 0.0,
-        "predicted_wait_max_s": adm.wait_max_s if adm.limit_s is not None else None,
-        "prefill_backlog_max": adm.backlog_max,
+        "predicted_wait_max_s": adm["predicted_wait_max_s"],
+        "prefill_backlog_max": adm["prefill_backlog_max"],
     }
 
 
@@ -398,6 +413,7 @@ def summarize(
     throughput (None without it)."""
     t = cl.table
     sc = cl.sc
+    rep = Reports.of(cl)
     states = np.bincount(t.state, minlength=len(State))
     done = t.state == State.DONE
     completed = int(done.sum())
@@ -430,10 +446,11 @@ def summarize(
         good[done] &= e2e <= slo.e2e_s
         applied_slo["e2e_s"] = slo.e2e_s
     n_good = int(good.sum())
-    seq_steps = sum(g.seq_steps for g in cl.decode)
-    steps = sum(g.steps for g in cl.decode)
-    verified = sum(g.verify_sum for g in cl.decode)
-    emitted = sum(g.tokens_out for g in cl.decode)
+    groups = rep.decode
+    seq_steps = sum(g["seq_steps"] for g in groups)
+    steps = sum(g["steps"] for g in groups)
+    verified = sum(g["verify_sum"] for g in groups)
+    emitted = sum(g["tokens_out"] for g in groups)
     ranks = pools.decode.groups * pools.decode.ep
     return {
         "scenario": sc.name,
@@ -479,11 +496,11 @@ def summarize(
             "fraction_of_completed": n_good / completed if completed else None,
         },
         "utilization": {
-            "vision": _utilization(cl.vision, cl.env.now, window),
-            "prefill": _utilization(cl.prefill, cl.env.now, window),
-            "decode": _utilization(cl.decode, cl.env.now, window),
+            "vision": _utilization(rep.vision, window),
+            "prefill": _utilization(rep.prefill, window),
+            "decode": _utilization(groups, window),
         },
-        "load": _load(cl, window, queues),
+        "load": _load(cl, rep, window, queues),
         "decode": {
             "steps": steps,
             "mean_batch_per_rank": seq_steps / (steps * pools.decode.ep) if steps else 0.0,
@@ -493,9 +510,9 @@ def summarize(
             "accepted_tokens_per_seq_step": emitted / seq_steps if seq_steps else 0.0,
             "tokens_per_s_per_rank": out_s / ranks,
             "kv_policy": pools.decode.kv_policy,
-            "preemptions": sum(g.preemptions for g in cl.decode),
-            "recompute_s": sum(g.recompute_s for g in cl.decode),
-            "rank_failures": sum(g.rank_failures for g in cl.decode),
+            "preemptions": sum(g["preemptions"] for g in groups),
+            "recompute_s": sum(g["recompute_s"] for g in groups),
+            "rank_failures": sum(g["rank_failures"] for g in groups),
             "requeued_after_failure": cl.counters.get("requeued", 0),
             "group_outages": cl.counters.get("group_outages", 0),
             "parked_no_live_rank": cl.counters.get("parked", 0),
@@ -511,16 +528,16 @@ def summarize(
             # their instance's link was cut; store writes moved at a cut are counted apart
             "rerouted": cl.counters.get("rerouted_transfers", 0),
             "rerouted_store_writes": cl.counters.get("rerouted_store_writes", 0),
-            "backup_bytes": float(sum(link.bytes_total for link in cl.backup_links)),
+            "backup_bytes": float(sum(link["bytes"] for link in rep.backup_links)),
         },
-        "admission": _admission(cl),
+        "admission": _admission(cl, rep),
         "offered_load": _offered_load(cl),
-        "vision": _vision(cl, window),
-        "prefill": _prefill(cl),
-        "cache": _cache(cl),
-        "storage": _storage(cl, read_gbps_peak),
-        "eplb": _eplb(cl),
-        "cost": _cost(cl, makespan),
+        "vision": _vision(cl, rep, window),
+        "prefill": _prefill(cl, rep),
+        "cache": _cache(cl, rep),
+        "storage": _storage(cl, rep, read_gbps_peak),
+        "eplb": _eplb(cl, rep),
+        "cost": _cost(cl, rep, makespan),
         "sim": {
             "seed": sc.seed,
             "simulated_s": cl.env.now,

@@ -8,11 +8,15 @@ counts up to the sample, the rest in the next interval) over the interval times 
 it never exceeds 1. A rate with nothing to divide (the prefix hit rate of an interval in which no
 prompt was looked up, the expert imbalance of one in which no step ran) is NaN, not 0. The same
 samples give the run's queue-depth statistics (:meth:`queue_stats`).
+
+Every number comes from a component's own ``report()`` (the engines', the prefill path's with the
+store's, the links') and the requests table; a sample asks each component once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,15 +25,43 @@ from ..core.requests import State
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-    from ..stages.expert_parallel import GroupExperts
+
+Report = dict[str, Any]
 
 
-def _factor_sums(pool: str, groups: list[GroupExperts | None]) -> dict[str, float]:
+def _factor_sums(pool: str, groups: list[Report | None]) -> dict[str, float]:
     live = [e for e in groups if e is not None]
     return {
-        f"{pool}_eplb_sum": sum(e.factor_sum for e in live),
-        f"{pool}_eplb_steps": sum(e.factor_steps for e in live),
+        f"{pool}_eplb_sum": sum(e["factor_sum"] for e in live),
+        f"{pool}_eplb_steps": sum(e["factor_steps"] for e in live),
     }
+
+
+def _busy(engines: list[Report]) -> float:
+    return sum(e["busy_s"] + e["stepping_s"] for e in engines)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """The components' reports at one sample."""
+
+    vision: list[Report]
+    prefill: list[Report]
+    prefill_experts: list[Report | None]
+    decode: list[Report]
+    path: Report | None
+
+    @classmethod
+    def of(cls, cl: Cluster) -> _Sample:
+        now = cl.env.now
+        path = cl.path.report(now) if cl.path is not None else None
+        return cls(
+            vision=[v.report(now) for v in cl.vision],
+            prefill=path["instances"] if path is not None else [],
+            prefill_experts=path["experts"] if path is not None else [],
+            decode=[g.report(now) for g in cl.decode],
+            path=path,
+        )
 
 
 # summary queue name -> time-series column (prefill: prompts on the instances, queued or being
@@ -51,25 +83,24 @@ class TimeseriesSampler:
         self.rows: list[dict[str, float]] = []
         self.kv = cl.path.kv if cl.path is not None else None
         self.read_gbps_peak = 0.0
-        self._prev = self._counters()
+        self._prev = self._counters(_Sample.of(cl))
         cl.env.process(self._run())
 
-    def _counters(self) -> dict[str, float]:
-        cl = self.cl
-        kv = self.kv
-        t = cl.env.now
+    def _counters(self, s: _Sample) -> dict[str, float]:
+        path = s.path
+        store = path["storage"] if path is not None else None
         return {
-            "t": t,
-            "prefill_busy": sum(p.busy_s + p.stepping_s(t) for p in cl.prefill),
-            "decode_busy": sum(g.busy_s + g.stepping_s(t) for g in cl.decode),
-            "vision_busy": sum(v.busy_s + v.stepping_s(t) for v in cl.vision),
-            "prefill_tokens": sum(p.stats.compute_tokens for p in cl.prefill),
-            "hit_tokens": cl.path.hit_tokens_total if cl.path else 0,
-            "lookup_tokens": cl.path.input_tokens_total if cl.path else 0,
-            "output_tokens": sum(g.tokens_out for g in cl.decode),
-            "storage_read_bytes": kv.nodes.read_bytes if kv is not None else 0.0,
-            **_factor_sums("prefill", [p.experts for p in cl.prefill]),
-            **_factor_sums("decode", [g.experts for g in cl.decode]),
+            "t": self.cl.env.now,
+            "prefill_busy": _busy(s.prefill),
+            "decode_busy": _busy(s.decode),
+            "vision_busy": _busy(s.vision),
+            "prefill_tokens": sum(p["compute_tokens"] for p in s.prefill),
+            "hit_tokens": path["hit_tokens"] if path else 0,
+            "lookup_tokens": path["lookup_tokens"] if path else 0,
+            "output_tokens": sum(g["tokens_out"] for g in s.decode),
+            "storage_read_bytes": store["read_bytes"] if store is not None else 0.0,
+            **_factor_sums("prefill", s.prefill_experts),
+            **_factor_sums("decode", [g["experts"] for g in s.decode]),
         }
 
     def _run(self):
@@ -79,14 +110,15 @@ class TimeseriesSampler:
 
     def sample(self) -> None:
         cl = self.cl
-        now = self._counters()
+        s = _Sample.of(cl)
+        now = self._counters(s)
         dt = now["t"] - self._prev["t"]
         if dt <= 0:
             return
         states = np.bincount(cl.table.state, minlength=len(State))
         pools = cl.sc.pools
-        batches = np.concatenate([g.batch for g in cl.decode])
-        reserved = np.concatenate([g.reserved for g in cl.decode])
+        batches = np.concatenate([g["batch"] for g in s.decode])
+        reserved = np.concatenate([g["reserved"] for g in s.decode])
 
         def util(key: str, units: int) -> float:
             # <= 1 by construction; min() only absorbs float round-off of step end times
@@ -98,11 +130,11 @@ class TimeseriesSampler:
                 "arrived": cl.arrived,
                 "completed": int(states[State.DONE]),
                 "rejected": int(states[State.REJECTED]),
-                "vision_queue": sum(len(v.queue) for v in cl.vision),
-                "prefill_queue": sum(p.queued for p in cl.prefill),
-                "transfers_in_flight": sum(link.active for link in cl.links),
-                "decode_waiting": sum(g.n_waiting for g in cl.decode),
-                "decode_running": sum(g.n for g in cl.decode),
+                "vision_queue": sum(v["queued"] for v in s.vision),
+                "prefill_queue": sum(p["queued"] for p in s.prefill),
+                "transfers_in_flight": sum(link.report()["active"] for link in cl.links),
+                "decode_waiting": sum(g["waiting"] for g in s.decode),
+                "decode_running": sum(g["running"] for g in s.decode),
                 "decode_parked": len(cl.parked),
                 "decode_batch_mean": float(batches.mean()),
                 "decode_batch_max": int(batches.max()),
@@ -124,14 +156,15 @@ class TimeseriesSampler:
         kv = self.kv
         if kv is None:
             return {}
-        kv.expire(now["t"])
+        kv.expire(now["t"])  # the sweep lookups leave to writes: count what is still live
+        held = kv.report()
         gbps = (now["storage_read_bytes"] - self._prev["storage_read_bytes"]) / dt / 1e9
         self.read_gbps_peak = max(self.read_gbps_peak, gbps)
         return {
-            "storage_used_frac": kv.used_fraction(),
-            "storage_blocks": float(len(kv)),
+            "storage_used_frac": held["used_fraction"],
+            "storage_blocks": float(held["blocks_held"]),
             "storage_read_gbps": gbps,
-            "storage_failed_nodes": float(sum(kv.nodes.failed)),
+            "storage_failed_nodes": float(kv.nodes.report()["failed_nodes"]),
         }
 
     def _hit_rate(self, now: dict[str, float]) -> float:

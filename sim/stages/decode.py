@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import simpy
@@ -410,6 +411,34 @@ class DecodeGroup(StepLoop):
             np.asarray(self.step_n),
             np.asarray(self.step_new),
         )
+
+    def report(self, now: float) -> dict[str, Any]:
+        """The group's own part of the summary, as of ``now``: its steps and the sequence-steps
+        they ran, speculative decoding's verified and emitted tokens, KV pressure (preemptions,
+        recompute seconds), rank failures, busy seconds (``stepping_s``: the step in flight, up
+        to ``now``), the occupancy integrals summed over its ranks, its experts' report (None
+        when the expert imbalance is a constant), and its state now: sequences running and
+        waiting, and per rank the sequences and the KV tokens reserved (copies)."""
+        return {
+            "ranks": self.ep,
+            "steps": self.steps,
+            "seq_steps": self.seq_steps,
+            "verify_sum": self.verify_sum,
+            "tokens_out": self.tokens_out,
+            "preemptions": self.preemptions,
+            "recompute_s": self.recompute_s,
+            "rank_failures": self.rank_failures,
+            "busy_s": self.busy_s,
+            "stepping_s": self.stepping_s(now),
+            "seq_s": self.seq_s,
+            "kv_s": self.kv_s,
+            "reserved_s": self.reserved_s,
+            "experts": self.experts.report() if self.experts is not None else None,
+            "running": self.n,
+            "waiting": self.n_waiting,
+            "batch": self.batch.copy(),
+            "reserved": self.reserved.copy(),
+        }
 
     def check(self) -> list[str]:
         errs = []

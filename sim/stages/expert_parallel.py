@@ -205,3 +205,22 @@ class GroupExperts:
     @property
     def imbalance_mean(self) -> float:
         return self.factor_sum / self.factor_steps if self.factor_steps else float("nan")
+
+    def report(self) -> dict[str, str | int | float | list[float]]:
+        """The group's EPLB part of the summary: its policy, its redundant slots per rank, every
+        step's imbalance factor (``factors``, the list itself: no copy, so the time series can
+        ask every sample) with their sum and count, and the rebalances with the experts and bytes
+        they moved and the stall they cost."""
+        return {
+            "policy": self.policy.policy,
+            "window_steps": self.policy.window_steps,
+            "period_steps": self.policy.period_steps,
+            "redundant_experts_per_gpu": self.shape.redundant_per_rank,
+            "factors": self.factors,
+            "factor_sum": self.factor_sum,
+            "factor_steps": self.factor_steps,
+            "rebalances": self.rebalances,
+            "moved_bytes": self.moved_bytes,
+            "moved_experts": self.moved_experts,
+            "stall_s": self.stall_total_s,
+        }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class KvStore:
         self.nodes = StorageNodes(cfg, rng)
         self.groups = self.nodes.groups
         self.block_bytes = block_bytes
+        self.class_names = list(class_names)
         self.ttl = [cfg.ttl_for(name) for name in class_names]
         self.refresh_on_read = cfg.refresh_on_read
         per_group_node_bytes = cfg.node_physical_bytes
@@ -272,6 +274,36 @@ class KvStore:
 
     def group_blocks(self) -> list[int]:
         return [len(lru) for lru in self.lru]
+
+    def report(self) -> dict[str, Any]:
+        """The store's own part of the summary: its configuration (nodes, coding, logical
+        capacity, TTL per traffic class), reads and writes with their blocks and the nodes'
+        bytes, what it holds now and at its fullest, and what expiry, GC and failures cost."""
+        cfg = self.cfg
+        nodes = self.nodes.report()
+        return {
+            "nodes": cfg.nodes,
+            "coding": f"{cfg.data_chunks}+{cfg.parity_chunks}",
+            "logical_tb": cfg.logical_bytes / 1e12,
+            "ttl_s": {name: self.ttl[i] for i, name in enumerate(self.class_names)},
+            "refresh_on_read": cfg.refresh_on_read,
+            "reads": self.reads,
+            "writes": self.writes,
+            "read_blocks": self.read_blocks,
+            "written_blocks": self.written_blocks,
+            "read_bytes": nodes["read_bytes"],
+            "write_bytes": nodes["write_bytes"],
+            "blocks_held": len(self),
+            "used_fraction": self.used_fraction(),
+            "used_fraction_peak": self.used_fraction_peak,
+            "evictions_gc": self.evictions_gc,
+            "expirations": self.expirations,
+            "degraded_reads": nodes["degraded_reads"],
+            "lost_blocks": self.lost_blocks,
+            "lost_block_misses": self.lost_misses,
+            "writes_failed": self.writes_failed,
+            "rebuild_bytes": nodes["rebuild_bytes"],
+        }
 
     def check(self) -> list[str]:
         errors = []

@@ -232,3 +232,21 @@ class PrefillInstance(StepLoop):
             self.outstanding_s = 0.0  # drop accumulated float round-off
         for rid in finished:
             self.on_done(rid, self.idx)
+
+    def report(self, now: float) -> dict[str, float]:
+        """The instance's own part of the summary, as of ``now``: steps, busy seconds
+        (``stepping_s``: the step in flight, up to ``now``), positions scheduled in chunks,
+        tokens computed and replayed, their FLOPs (its experts report apart), and the prompts
+        on it now (queued or being computed)."""
+        stats = self.stats
+        return {
+            "steps": self.steps,
+            "busy_s": self.busy_s,
+            "stepping_s": self.stepping_s(now),
+            "chunk_tokens": stats.chunk_tokens,
+            "compute_tokens": stats.compute_tokens,
+            "replay_tokens": stats.replay_tokens,
+            "flops": stats.flops,
+            "replay_flops": stats.replay_flops,
+            "queued": self.queued,
+        }

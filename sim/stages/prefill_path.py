@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -226,6 +227,27 @@ class PrefillPath:
         if self.swa is not None and full:
             self.swa.insert(int(hashes[full - 1]), self.instances[inst].machine)
         self.on_prefilled(rid, inst)
+
+    # ---- reports --------------------------------------------------------------------------------
+    def report(self, now: float) -> dict[str, Any]:
+        """The path's own part of the summary, as of ``now``: each instance's report and its
+        experts' (None where the expert imbalance is a constant), the prompt tokens looked up in
+        the prefix store and hit there, the blocks it holds, the store writes sent, the
+        storage-side seconds of every hit read (the list itself, not a copy: the time series asks
+        every sample), and the 3FS store's report (None without one)."""
+        return {
+            "instances": [inst.report(now) for inst in self.instances],
+            "experts": [
+                inst.experts.report() if inst.experts is not None else None
+                for inst in self.instances
+            ],
+            "lookup_tokens": self.input_tokens_total,
+            "hit_tokens": self.hit_tokens_total,
+            "blocks_stored": len(self.store) if self.store is not None else 0,
+            "store_writes": self.store_writes,
+            "read_latencies": self.read_latencies,
+            "storage": self.kv.report() if self.kv is not None else None,
+        }
 
     # ---- invariants -----------------------------------------------------------------------------
     def check(self) -> list[str]:

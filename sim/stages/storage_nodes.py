@@ -127,6 +127,17 @@ class StorageNodes:
         self.write_bytes += nbytes * len(live) / self.data
         return max(self._serve(live, nbytes / self.data, self.write_s_per_byte, now)) - now
 
+    def report(self) -> dict[str, float]:
+        """The nodes' traffic (bytes read, written, rebuilt over every node) and the reads
+        served degraded; ``failed_nodes`` is how many are down now."""
+        return {
+            "read_bytes": self.read_bytes,
+            "write_bytes": self.write_bytes,
+            "rebuild_bytes": self.rebuild_bytes,
+            "degraded_reads": self.degraded_reads,
+            "failed_nodes": sum(self.failed),
+        }
+
     def fail(self, node: int) -> None:
         self.failed[node] = True
 

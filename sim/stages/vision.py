@@ -59,6 +59,18 @@ class VisionInstance(StepLoop):
         self.table.t_vision_done[rid] = self.env.now
         self.on_done(rid)
 
+    def report(self, now: float) -> dict[str, float]:
+        """The instance's own part of the summary, as of ``now``: images encoded, the encode
+        time per image, busy seconds (``stepping_s``: the encode in flight, up to ``now``) and
+        the requests queued behind the one encoding."""
+        return {
+            "images": self.encoded,
+            "seconds_per_image": self.seconds_per_image,
+            "busy_s": self.busy_s,
+            "stepping_s": self.stepping_s(now),
+            "queued": len(self.queue),
+        }
+
 
 def least_outstanding(instances: Sequence[VisionInstance]) -> VisionInstance:
     return min(instances, key=lambda v: v.outstanding_images)
