@@ -23,50 +23,19 @@ DeepSeek's published $/GPU-hour figure is).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.requests import RejectReason, State
 from .metrics import bench_stats, dist_stats, latency_percentiles
+from .reports import Report, Reports
 from .revenue import TokenRates, revenue
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ..core.cluster import Cluster
-
-Report = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Reports:
-    """Every component's own report, taken once at the end of the run: the summary assembles
-    its sections from these, the requests table and the configuration, and reads no
-    component's internals."""
-
-    vision: list[Report]
-    prefill: list[Report]
-    prefill_experts: list[Report | None]
-    decode: list[Report]
-    path: Report | None
-    backup_links: list[Report]
-    admission: Report
-
-    @classmethod
-    def of(cls, cl: Cluster) -> Reports:
-        now = cl.env.now
-        path = cl.path.report(now) if cl.path is not None else None
-        return cls(
-            vision=[v.report(now) for v in cl.vision],
-            prefill=path["instances"] if path is not None else [],
-            prefill_experts=path["experts"] if path is not None else [],
-            decode=[g.report(now) for g in cl.decode],
-            path=path,
-            backup_links=[link.report() for link in cl.backup_links],
-            admission=cl.admission.report(),
-        )
 
 
 def _cost(cl: Cluster, rep: Reports, makespan: float) -> dict[str, Any]:

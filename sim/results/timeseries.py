@@ -15,18 +15,16 @@ store's, the links') and the requests table; a sample asks each component once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from ..core.requests import State
+from .reports import Report, Reports
 
 if TYPE_CHECKING:
     from ..core.cluster import Cluster
-
-Report = dict[str, Any]
 
 
 def _factor_sums(pool: str, groups: list[Report | None]) -> dict[str, float]:
@@ -39,29 +37,6 @@ def _factor_sums(pool: str, groups: list[Report | None]) -> dict[str, float]:
 
 def _busy(engines: list[Report]) -> float:
     return sum(e["busy_s"] + e["stepping_s"] for e in engines)
-
-
-@dataclass(frozen=True)
-class _Sample:
-    """The components' reports at one sample."""
-
-    vision: list[Report]
-    prefill: list[Report]
-    prefill_experts: list[Report | None]
-    decode: list[Report]
-    path: Report | None
-
-    @classmethod
-    def of(cls, cl: Cluster) -> _Sample:
-        now = cl.env.now
-        path = cl.path.report(now) if cl.path is not None else None
-        return cls(
-            vision=[v.report(now) for v in cl.vision],
-            prefill=path["instances"] if path is not None else [],
-            prefill_experts=path["experts"] if path is not None else [],
-            decode=[g.report(now) for g in cl.decode],
-            path=path,
-        )
 
 
 # summary queue name -> time-series column (prefill: prompts on the instances, queued or being
@@ -83,10 +58,10 @@ class TimeseriesSampler:
         self.rows: list[dict[str, float]] = []
         self.kv = cl.path.kv if cl.path is not None else None
         self.read_gbps_peak = 0.0
-        self._prev = self._counters(_Sample.of(cl))
+        self._prev = self._counters(Reports.of(cl))
         cl.env.process(self._run())
 
-    def _counters(self, s: _Sample) -> dict[str, float]:
+    def _counters(self, s: Reports) -> dict[str, float]:
         path = s.path
         store = path["storage"] if path is not None else None
         return {
@@ -110,7 +85,7 @@ class TimeseriesSampler:
 
     def sample(self) -> None:
         cl = self.cl
-        s = _Sample.of(cl)
+        s = Reports.of(cl)
         now = self._counters(s)
         dt = now["t"] - self._prev["t"]
         if dt <= 0:

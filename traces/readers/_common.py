@@ -230,3 +230,23 @@ class _Row:
         if len(ids) != expected:
             raise self.fail(field, f"has {len(ids)} ids, but {why} = {expected}")
         return ids
+
+
+def read_lengths_csv(
+    path: str | os.PathLike[str],
+    columns: tuple[str, str, str],
+    traffic_class: str,
+    block_tokens: int,
+    min_output: int = 1,
+) -> RequestSource:
+    """A lengths-only CSV: ``columns`` = (arrival seconds, input tokens, output tokens), every
+    row checked; outputs below 1 (allowed by ``min_output`` = 0) count as one token."""
+    t_col, in_col, out_col = columns
+    file, df = _read_csv(path, columns)
+    arrival, time_checks = _seconds_column(df, t_col)
+    input_len, input_checks = _int_column(df, in_col, low=1)
+    output_len, output_checks = _int_column(df, out_col, low=min_output)
+    _raise_first_bad(file, df, [*time_checks, *input_checks, *output_checks])
+    output_len = np.maximum(output_len, 1)
+    name = _trace_name(path)
+    return _lengths_only(name, arrival, input_len, output_len, block_tokens, traffic_class)

@@ -7,17 +7,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from deepinfer_sim.traces.readers._common import (
-    _check_zero_output,
-    _int_column,
-    _lengths_only,
-    _raise_first_bad,
-    _read_csv,
-    _seconds_column,
-    _trace_name,
-)
+from deepinfer_sim.traces.readers._common import _check_zero_output, read_lengths_csv
 from deepinfer_sim.traces.source import RequestSource
 
 _BURSTGPT_COLUMNS = ("Timestamp", "Request tokens", "Response tokens")
@@ -42,11 +32,4 @@ def read_burstgpt(
     ``zero_output="one"`` counts it as a one-token output.
     """
     min_output = _check_zero_output(zero_output)
-    file, df = _read_csv(path, _BURSTGPT_COLUMNS)
-    arrival, time_checks = _seconds_column(df, "Timestamp")
-    input_len, input_checks = _int_column(df, "Request tokens", low=1)
-    output_len, output_checks = _int_column(df, "Response tokens", low=min_output)
-    _raise_first_bad(file, df, [*time_checks, *input_checks, *output_checks])
-    output_len = np.maximum(output_len, 1)
-    name = _trace_name(path)
-    return _lengths_only(name, arrival, input_len, output_len, block_tokens, traffic_class)
+    return read_lengths_csv(path, _BURSTGPT_COLUMNS, traffic_class, block_tokens, min_output)
