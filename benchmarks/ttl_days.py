@@ -40,11 +40,12 @@ def compare(cfg: SessionWorkload, seed: int) -> dict[str, Any]:
     for label, ttl in (("chatbot_7d", WEEK), ("chatbot_3d", CUT)):
         frame = ttl_sweep(src, [0.0], class_ttl=ttl, block_bytes=bb, measure_from_s=7 * DAY).frame
         rows = frame[frame["policy"] == "class_ttl"].set_index("traffic_class")
-        peak = float(rows.loc[ALL, "peak_resident_bytes"])
+        total = rows.loc[ALL].to_dict()
+        peak = float(total["peak_resident_bytes"])
         out[label] = {
             "hit_rate": {str(k): float(v) for k, v in rows["hit_rate"].items()},
-            "hit_tokens": int(rows.loc[ALL, "hit_tokens"]),
-            "input_tokens": int(rows.loc[ALL, "input_tokens"]),
+            "hit_tokens": int(total["hit_tokens"]),
+            "input_tokens": int(total["input_tokens"]),
             "peak_storage_tb": peak / 1e12,
             "nodes": nodes_for(sc.pools.storage, peak),
         }

@@ -482,7 +482,7 @@ class TtlSweep:
     """True when a capacity was swept (Che's approximation of LRU)."""
 
 
-def _check_ttls(values: Sequence[float], what: str) -> np.ndarray:
+def _check_ttls(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
     arr = np.asarray(values, dtype=float).ravel()
     if arr.size == 0:
         raise ValueError(f"{what}: need at least one value")
@@ -493,7 +493,7 @@ def _check_ttls(values: Sequence[float], what: str) -> np.ndarray:
 
 def ttl_sweep(
     source: RequestSource,
-    ttls_s: Sequence[float],
+    ttls_s: Sequence[float] | np.ndarray,
     capacities_blocks: Sequence[float] | None = None,
     class_ttl: Mapping[str, float] | None = None,
     *,

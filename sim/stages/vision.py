@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import simpy
 
 from ..core.requests import RequestTable, State
@@ -23,7 +24,7 @@ class VisionInstance(StepLoop):
         idx: int,
         seconds_per_image: float,
         table: RequestTable,
-        images: Sequence[int],
+        images: Sequence[int] | np.ndarray,
         on_done: Callable[[int], None],
     ) -> None:
         super().__init__(env)

@@ -6,13 +6,14 @@ as of the time it is asked (an engine's busy time includes the step in flight up
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import simpy
 from conftest import make_source
 
+from deepinfer_sim.models.cost import StepCost
 from deepinfer_sim.models.registry import load_model
 from deepinfer_sim.scenario import EplbPool, ExpertLoad, StoragePool
 from deepinfer_sim.sim.core.network import Link
@@ -40,7 +41,7 @@ def decode_group(outputs: list[int], ep: int = 2) -> tuple[simpy.Environment, De
         env=env,
         idx=0,
         ep=ep,
-        cost=HalfSecondSteps(),  # a duck-typed double
+        cost=cast(StepCost, HalfSecondSteps()),  # a duck-typed double
         max_seqs_per_rank=4,
         kv_capacity_tokens=10_000,
         kv_admission=make_kv_admission("reserve", 0.0),

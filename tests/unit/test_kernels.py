@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -47,13 +47,13 @@ from deepinfer_sim.kernels.reference import (
     ref_vision_encoder,
     ref_window_attention,
 )
-from deepinfer_sim.kernels.shapes import LayerShape
+from deepinfer_sim.kernels.shapes import Kind, LayerShape
 from deepinfer_sim.kernels.vision import VisionEncoder
 from deepinfer_sim.models.registry import load_model
 
 CPU = torch.device("cpu")
 F32_TOL = 1e-5  # float32 kernels against float64 references
-KINDS = ("swa", "csa", "hca")
+KINDS: tuple[Kind, ...] = ("swa", "csa", "hca")
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +80,9 @@ def prefill_all(block: AttentionBlock, x: torch.Tensor, chunks: list[int]) -> to
     seq = pool.alloc()
     outs, start = [], 0
     for n in chunks:
-        outs.append(block.prefill(x[start : start + n], pool, seq))
+        out = block.prefill(x[start : start + n], pool, seq)
+        assert isinstance(out, torch.Tensor)
+        outs.append(out)
         start += n
     assert start == x.shape[0]
     return torch.cat(outs)
@@ -171,7 +173,7 @@ def test_compressor_and_indexer_match_reference() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_prefill_matches_whole_sequence_reference(kind: str) -> None:
+def test_prefill_matches_whole_sequence_reference(kind: Kind) -> None:
     """One prompt in one chunk equals the dense float64 layer (attention + shared expert),
     for window-only, CSA (top-4 of up to 18 entries: a real selection) and HCA layers."""
     blk = AttentionBlock(toy(), kind, CPU, seed=11)
@@ -201,7 +203,7 @@ def test_hca_attends_to_complete_groups_only() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_chunked_prefill_equals_one_chunk(kind: str) -> None:
+def test_chunked_prefill_equals_one_chunk(kind: Kind) -> None:
     """Cache correctness: a prompt prefilled in several chunks (ragged sizes, chunk boundaries
     inside window blocks and compression groups) gives the same outputs as in one chunk, and
     so does a tiny temporary budget that forces many query chunks and indexer tiles."""
@@ -233,7 +235,7 @@ def test_prefill_chunk_memory_is_bounded() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("v", [1, 3])
-def test_decode_equals_prefill_of_the_same_tokens(kind: str, v: int) -> None:
+def test_decode_equals_prefill_of_the_same_tokens(kind: Kind, v: int) -> None:
     """Decoding v tokens (speculative verify: v causal query tokens) gives the same outputs and
     leaves the same cache as prefilling those v tokens, after the same prefix."""
     blk = AttentionBlock(toy(), kind, CPU, seed=15)
@@ -243,8 +245,9 @@ def test_decode_equals_prefill_of_the_same_tokens(kind: str, v: int) -> None:
     blk.prefill(x[:23], pa, sa)
     blk.prefill(x[:23], pb, sb)
     ya = blk.prefill(x[23:], pa, sa)
-    yb = blk.decode(x[23:].unsqueeze(0), pb, [sb])[0]
-    close(yb, ya)
+    yb = blk.decode(x[23:].unsqueeze(0), pb, [sb])
+    assert isinstance(yb, torch.Tensor) and isinstance(ya, torch.Tensor)
+    close(yb[0], ya)
     assert pa.length(sa) == pb.length(sb) == 23 + v
     close(pb.window_kv[sb], pa.window_kv[sa])
     if pa.comp is not None and pb.comp is not None:
@@ -254,7 +257,7 @@ def test_decode_equals_prefill_of_the_same_tokens(kind: str, v: int) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_varlen_decode_over_buckets_matches_reference(
-    kind: str, monkeypatch: pytest.MonkeyPatch
+    kind: Kind, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """B sequences of different lengths decode together over several steps (v=2 verify); the
     plan puts them in different power-of-two buckets. Each sequence's outputs equal the dense
@@ -311,7 +314,7 @@ def test_pool_slots_and_random_fill() -> None:
     with pytest.raises(ValueError):
         pool.fill_random(a, 101)
     y = blk.decode(torch.randn(2, 3, 64), pool, [a, b])
-    assert torch.isfinite(y).all()
+    assert isinstance(y, torch.Tensor) and torch.isfinite(y).all()
     assert (pool.length(a), pool.length(b)) == (93, 14)
     with pytest.raises(ValueError):
         blk.decode(torch.randn(1, 8, 64), pool, [a])  # 93 + 8 > 100
@@ -334,7 +337,7 @@ def test_fp8_block_stays_close_to_reference() -> None:
 
 
 @pytest.mark.parametrize("mode, tol", [("bf16", F32_TOL), ("fp8", 1e-1)])
-def test_moe_grouped_equals_per_expert_loop(mode: str, tol: float) -> None:
+def test_moe_grouped_equals_per_expert_loop(mode: Literal["bf16", "fp8"], tol: float) -> None:
     """Sorting (token, expert) pairs by expert and running one grouped GEMM per projection
     gives the per-expert loop's answer; so does the loop fallback. The router picks top-k
     distinct experts with weights summing to 1, the same as the float64 router."""
@@ -418,7 +421,7 @@ TRITON_SCRIPT = """
 import json, torch
 from deepinfer_sim.kernels import attention as A
 from deepinfer_sim.kernels.reference import ref_attention_block, ref_indexer_scores
-from deepinfer_sim.kernels.shapes import LayerShape
+from deepinfer_sim.kernels.shapes import Kind, LayerShape
 from deepinfer_sim.kernels._util import rel_err
 torch.manual_seed(0)
 iq, iw, k = torch.randn(2, 70, 4, 16), torch.randn(2, 70, 4), torch.randn(2, 300, 16)

@@ -28,18 +28,20 @@ def flat_profile() -> Profile:
     """Prefill costs 1 µs per token per layer; decode 1 ms per layer per step; no experts."""
     pre = PrefillCoef(a=0.0, b=1e-6, c=0.0, d=0.0)
     dec = DecodeCoef(a=1e-3, w=0.0, b=0.0, c=0.0, d=0.0)
-    return Profile(
-        name="flat",
-        model_family="deepseek-v4.1-flash",
-        provenance=Provenance(kind="measured"),
-        hardware={
-            "h200": HardwareCoefs(
-                prefill={"csa": pre, "hca": pre},
-                decode={"csa": dec, "hca": dec},
-                moe=MoeCoef(a=0.0, e=0.0, f=0.0),
-                a2a=A2aCoef(latency_s=0.0, link_efficiency=1.0, measured=False),
-            )
-        },
+    return Profile.model_validate(
+        dict(
+            name="flat",
+            model_family="deepseek-v4.1-flash",
+            provenance=Provenance(kind="measured"),
+            hardware={
+                "h200": HardwareCoefs(
+                    prefill={"csa": pre, "hca": pre},
+                    decode={"csa": dec, "hca": dec},
+                    moe=MoeCoef(a=0.0, e=0.0, f=0.0),
+                    a2a=A2aCoef(latency_s=0.0, link_efficiency=1.0, measured=False),
+                )
+            },
+        )
     )
 
 

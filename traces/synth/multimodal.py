@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,9 @@ def _pair(path: Path) -> tuple[Path, Path]:
     return path.with_name(f"{stem}-trace.csv"), path.with_name(f"{stem}-dataset.json")
 
 
-def read_servegen(path: str | Path, seed: int = 0, block_tokens: int = 512) -> RequestSource:
+def read_servegen(
+    path: str | os.PathLike[str], seed: int = 0, block_tokens: int = 512
+) -> RequestSource:
     """One day of one ServeGen client, synthesized from its description (either chunk file).
 
     Per 10-minute window of ``chunk-i-trace.csv``: inter-arrival times from the fitted
