@@ -141,7 +141,3 @@ class RequestFlow:
         cl.table.failures[rid] += 1
         cl.counters["requeued"] = cl.counters.get("requeued", 0) + 1
         self.route_decode(rid, -1)
-
-    def decoded(self, rid: int) -> None:
-        """A decode group finished ``rid``."""
-        self.cl.count_end()
