@@ -51,6 +51,14 @@ from .kernels.backend import BACKEND_NAMES
     help="Time decode batches with context lengths spread over context·(1 ± S), same total "
     "(serving batches mix lengths; 0 = every sequence at one length).",
 )
+@click.option(
+    "--engine-depth",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Layers per layer group of the timed engine-core stack (deeper: the engine's host "
+    "time is a smaller share of each step).",
+)
 def calibrate(
     models: tuple[str, ...],
     kernels: str,
@@ -63,6 +71,7 @@ def calibrate(
     no_vision: bool,
     no_engine: bool,
     decode_spread: float,
+    engine_depth: int,
 ) -> None:
     """Time one layer of each kind of MODEL with a kernel backend, fit, write a profile YAML.
 
@@ -86,6 +95,7 @@ def calibrate(
         vision=not no_vision,
         engine=not no_engine,
         decode_spread=decode_spread,
+        engine_depth=engine_depth,
     )
 
 

@@ -13,7 +13,8 @@
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
-# or the shipped h200-deepseek profile).
+# or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
+# replays the engine core on N layers per layer group (calibrate --engine-depth, replay --depth).
 #
 # .whl: simpy, pydantic and their dependencies as Python 3.12 wheels (the image lacks them).
 # .kbuild/site.tar.xz: flash_mla (and deep_gemm) built by vendor/build-on-gpu.sh for torch
@@ -63,7 +64,8 @@ for stage in "$@"; do
       run 150 check $P.kernels.deepseek_check --out "$OUT/check" $dg ;;
     table) run 150 table $P.calibration.kernel_table --out "$OUT/table.json" ;;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
-    v41) run 330 v41 $CAL --model deepseek-v4.1-flash --out "$OUT/v41.yaml" ;;
+    v41) run 330 v41 $CAL --model deepseek-v4.1-flash --engine-depth "${ENGINE_DEPTH:-1}" \
+        --out "$OUT/v41.yaml" ;;
     v41mixed) run 330 v41mixed $CAL --model deepseek-v4.1-flash \
         --decode-spread "${DECODE_SPREAD:-0.5}" --out "$OUT/v41.yaml" ;;
     mixed) run 200 mixed $P.calibration.mixed_contexts --out "$OUT/mixed.json" ;;
@@ -73,9 +75,11 @@ for stage in "$@"; do
     reference) run 300 reference $P.cli calibrate --device cuda --kernels reference --quick \
         --model deepseek-v4.1-flash --no-vision --out "$OUT/reference.yaml" ;;
     replay)
-      prof=$OUT/v41.yaml; [ -f "$prof" ] || prof=h200-deepseek
+      prof=${REPLAY_PROFILE:-$OUT/v41.yaml}; [ -f "$prof" ] || prof=h200-deepseek
+      depth=(); [ "${ENGINE_DEPTH:-1}" != 1 ] && depth=(--depth "$ENGINE_DEPTH")
       run 330 replay $P.calibration.replay --profile "$prof" --out /tmp/replay \
-        --requests "${REPLAY_REQUESTS:-150}" --repeats 3
+        --requests "${REPLAY_REQUESTS:-150}" --repeats 3 "${depth[@]}" \
+        --phases "${REPLAY_PHASES:-prefill,decode}"
       tar -czf "$OUT/replay.tar.gz" -C /tmp replay ;;
     *) log "unknown stage $stage" ;;
   esac

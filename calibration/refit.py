@@ -66,9 +66,13 @@ def refit_engine(profile: Profile) -> Profile:
         hardware = {}
         for hw, coefs in fits.hardware.items():
             if rows:
+                depth = coefs.engine_overhead.stack_depth
                 bare = coefs.model_copy(update={"engine_overhead": EngineOverhead()})
-                eng = fit_engine_overhead(bare, hw, rows, engine_stack(load_model(name)))
-                coefs = coefs.model_copy(update={"engine_overhead": eng})
+                stack = engine_stack(load_model(name), depth=depth)
+                eng = fit_engine_overhead(bare, hw, rows, stack)
+                coefs = coefs.model_copy(
+                    update={"engine_overhead": eng.model_copy(update={"stack_depth": depth})}
+                )
             hardware[hw] = coefs
         models[name] = fits.model_copy(update={"hardware": hardware})
     return _noted(profile, models, "; engine-core model re-fitted from raw.engine (refit.py)")

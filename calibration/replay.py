@@ -22,26 +22,22 @@ re-check the simulator's prediction without a GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ..models.profile import Profile, load_profile
 from ..models.profile_cost import ProfileStepCost
-from ..models.registry import load_model
 from ..rng import stream
 from ..traces import read_trace, spread_buckets
+from .torch_bench import stack_layers
 from .validate import ReplayShape, errors, simulate_decode, simulate_prefill, validation_cost
 
-MINI_LAYERS: tuple[tuple[Literal["csa", "hca", "swa"], bool], ...] = (
-    ("csa", True),
-    ("hca", True),
-    ("csa", False),
-)
 TRACES = ("mooncake_conversation", "azure_conv")
 PHASES = {"prefill": ("prefill_only", simulate_prefill), "decode": ("decode_only", simulate_decode)}
 
@@ -86,11 +82,11 @@ def build_engine(
     """One engine core for every replay of a mode (graphs captured once are reused)."""
     from ..kernels.engine import EngineCore
 
-    spec = load_model(shape.model)
+    spec = shape.stack()
     longest = max(int((f["prompt_len"] + f["output_len"]).max()) for f in frames)
     return EngineCore(
         spec,
-        MINI_LAYERS,
+        stack_layers(spec),
         local_experts=spec.moe.routed_experts,
         device=device,
         fp8=True,
@@ -137,6 +133,7 @@ def replay(
     shape: ReplayShape | None = None,
     max_prompt: int = 8192,
     max_output: int = 256,
+    phases: tuple[str, ...] = tuple(PHASES),
 ) -> dict[str, Any]:
     shape = shape or ReplayShape()
     cost = validation_cost(profile, shape)
@@ -158,7 +155,8 @@ def replay(
             "prefill": retime(base, pre_busy, load),
             "decode": retime(base, dec_busy, load),
         }
-    for phase, (mode, sim) in PHASES.items():
+    for phase in phases:
+        mode, sim = PHASES[phase]
         engine = build_engine([f[phase] for f in frames.values()], mode, shape, device, kernels)
         for trace in traces:
             frame = frames[trace][phase]
@@ -183,7 +181,17 @@ def replay(
                 "runs": runs,
             }
             (out / "replay_report.json").write_text(json.dumps(report, indent=2) + "\n")
+        del engine  # the next phase's engine needs the memory (weights of a deep stack: ~75 GB)
+        gc.collect()
+        free_device_cache(device)
     return report
+
+
+def free_device_cache(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def recheck(
@@ -212,8 +220,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--load", type=float, default=0.5)
     ap.add_argument("--traces", default=",".join(TRACES))
+    ap.add_argument("--phases", default=",".join(PHASES), help="prefill,decode or one of them")
     ap.add_argument("--kernels", default="deepseek", choices=["deepseek", "reference"])
+    ap.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="run the engine stack of deepseek-v4.1-flash at this many layers per group (as "
+        "calibrate --engine-depth timed it); default: deepseek-v4.1-flash-mini",
+    )
     a = ap.parse_args()
+    unknown = set(a.phases.split(",")) - set(PHASES)
+    if unknown:
+        ap.error(f"--phases: unknown {', '.join(sorted(unknown))} (choose from prefill, decode)")
+    shape = ReplayShape() if a.depth is None else ReplayShape("deepseek-v4.1-flash", depth=a.depth)
     replay(
         load_profile(a.profile),
         Path(a.out),
@@ -223,6 +243,8 @@ def main() -> None:
         tuple(a.traces.split(",")),
         a.repeats,
         a.kernels,
+        shape,
+        phases=tuple(a.phases.split(",")),
     )
 
 

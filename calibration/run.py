@@ -32,11 +32,13 @@ def run_calibration(
     engine: bool = True,
     log: Callable[[str], None] | None = None,
     decode_spread: float = 0.0,
+    engine_depth: int = 1,
 ) -> Profile:
     """Calibrate ``models`` on ``device`` with the ``kernels`` backend over ``grid`` (``full``,
     ``quick``, ``tiny`` or a Grid); write the (merged) profile to ``out`` and return it.
     ``vision=False`` / ``engine=False`` skip the vision encoder / engine-core step timing;
-    ``decode_spread`` times decode batches of mixed context lengths (``Grid.decode_spread``)."""
+    ``decode_spread`` times decode batches of mixed context lengths (``Grid.decode_spread``);
+    ``engine_depth`` is the layers per group of the timed engine stack (``Grid.engine_depth``)."""
     try:
         import torch
     except ImportError:
@@ -53,6 +55,8 @@ def run_calibration(
         g = dataclasses.replace(g, engine_decode=(), engine_prefill=())
     if decode_spread:
         g = dataclasses.replace(g, decode_spread=decode_spread)
+    if engine_depth != 1:
+        g = dataclasses.replace(g, engine_depth=engine_depth)
     t0 = time.perf_counter()
     command = "deepinfer-sim calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     profiles: list[Profile] = []

@@ -94,10 +94,11 @@ class Bench(Protocol):
         decode: Sequence[tuple[int, int]],
         prefill: Sequence[tuple[int, int]],
         spread: float = 0.0,
+        depth: int = 1,
     ) -> list[EngineRow]:
-        """Timed engine-core steps of ``engine_stack(spec)``: decode (sequences, mean context,
-        lengths spread by ``spread``) with one token each, prefill (sequences, prompt tokens)
-        from an empty cache."""
+        """Timed engine-core steps of ``engine_stack(spec, depth=depth)``: decode (sequences,
+        mean context, lengths spread by ``spread``) with one token each, prefill (sequences,
+        prompt tokens) from an empty cache."""
         ...
 
 
@@ -118,6 +119,9 @@ class Grid:
     max_decode_tokens: int = 4_000_000  # cap B × context (memory of the timed cache)
     # decode batches' context lengths spread over context · (1 ± spread), same total (0: uniform)
     decode_spread: float = 0.0
+    # layers per layer group of the timed engine stack (deeper: more GPU work per step, so the
+    # engine's host time is a smaller, steadier share of it)
+    engine_depth: int = 1
     # off-grid validation shapes: (n, p), (B, context, v), (E, T)
     off_prefill: tuple[tuple[int, int], ...] = tuple(
         (n, p) for n in (768, 3000, 12000, 24000) for p in (2000, 50000, 180000, 400000)
@@ -283,6 +287,7 @@ class Measurements:
     copy_bandwidth: float = 0.0
     vision: float | None = None
     engine: list[EngineRow] = field(default_factory=list)
+    engine_depth: int = 1  # layers per group of the timed engine stack
     seconds: float = 0.0
 
 
@@ -331,8 +336,12 @@ def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Mea
     if grid.engine_decode or grid.engine_prefill:
         log("engine steps")
         m.engine = bench.engine_steps(
-            grid.engine_decode, grid.engine_prefill, spread=grid.decode_spread
+            grid.engine_decode,
+            grid.engine_prefill,
+            spread=grid.decode_spread,
+            depth=grid.engine_depth,
         )
+        m.engine_depth = grid.engine_depth
     m.seconds = time.perf_counter() - t0
     return m
 
@@ -440,9 +449,10 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
         engine_graphs=bench.engine_graphs,
     )
     if m.engine and prefill and decode:
-        stack = engine_stack(bench.spec)
+        stack = engine_stack(bench.spec, depth=m.engine_depth)
+        eng = fit_engine_overhead(coefs, bench.hardware, m.engine, stack)
         coefs = coefs.model_copy(
-            update={"engine_overhead": fit_engine_overhead(coefs, bench.hardware, m.engine, stack)}
+            update={"engine_overhead": eng.model_copy(update={"stack_depth": m.engine_depth})}
         )
         raw["engine"] = [list(r) for r in m.engine]
     fitted = ModelFits(
@@ -473,11 +483,16 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
 ENGINE_MAX_EXPERTS = 48  # local experts of the engine stack (one rank's share at EP8 of 384)
 
 
-def engine_stack(spec: ModelSpec, max_experts: int = ENGINE_MAX_EXPERTS) -> ModelSpec:
-    """The engine core's reduced-depth stack of ``spec``: one layer per layer group (so every
-    kind, encoder and decoder, is there) and at most ``max_experts`` routed experts. For
-    ``deepseek-v4.1-flash`` this is ``deepseek-v4.1-flash-mini``'s layout."""
-    groups = tuple(g.model_copy(update={"count": 1}) for g in spec.layer_groups)
+def engine_stack(
+    spec: ModelSpec, max_experts: int = ENGINE_MAX_EXPERTS, depth: int = 1
+) -> ModelSpec:
+    """The engine core's reduced-depth stack of ``spec``: at most ``depth`` layers per layer
+    group (so every kind, encoder and decoder, is there) and at most ``max_experts`` routed
+    experts. For ``deepseek-v4.1-flash`` at depth 1 this is ``deepseek-v4.1-flash-mini``'s
+    layout."""
+    if depth < 1:
+        raise ValueError(f"engine stack depth must be >= 1, got {depth}")
+    groups = tuple(g.model_copy(update={"count": min(g.count, depth)}) for g in spec.layer_groups)
     moe = spec.moe.model_copy(
         update={
             "routed_experts": min(spec.moe.routed_experts, max_experts),
@@ -486,8 +501,9 @@ def engine_stack(spec: ModelSpec, max_experts: int = ENGINE_MAX_EXPERTS) -> Mode
             "expert_groups": 1,
         }
     )
+    suffix = "engine-stack" if depth == 1 else f"engine-stack{depth}"
     return spec.model_copy(
-        update={"name": f"{spec.name}-engine-stack", "layer_groups": groups, "moe": moe}
+        update={"name": f"{spec.name}-{suffix}", "layer_groups": groups, "moe": moe}
     )
 
 

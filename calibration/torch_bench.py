@@ -64,6 +64,13 @@ def model_kinds(spec: ModelSpec) -> tuple[Kind, ...]:
     return tuple(out)
 
 
+def stack_layers(stack: ModelSpec) -> list[tuple[Kind, bool]]:
+    """The engine core's layer list for ``stack``: (kind, runs in prefill), group by group."""
+    return [
+        (as_kind(g.attention), g.in_prefill) for g in stack.layer_groups for _ in range(g.count)
+    ]
+
+
 def as_kind(name: str) -> Kind:
     """``name`` as a layer Kind (checked at run time, not a cast)."""
     for k in get_args(Kind):
@@ -362,18 +369,20 @@ class TorchBench:
         decode: Sequence[tuple[int, int]],
         prefill: Sequence[tuple[int, int]],
         spread: float = 0.0,
+        depth: int = 1,
         with_loop_gaps: bool = True,
     ) -> list[tuple[str, int, int, int, float]]:
         """Wall time of whole engine-core steps of the model's reduced stack
-        (``sweep.engine_stack``: one layer per layer group, at most 48 experts) on this backend,
-        at ``decode`` (sequences, context; one token each) and ``prefill`` (sequences, prompt
-        tokens) shapes, as the engine's replay loop sees them (host work included, synced)."""
+        (``sweep.engine_stack``: ``depth`` layers per layer group, at most 48 experts) on this
+        backend, at ``decode`` (sequences, context; one token each) and ``prefill`` (sequences,
+        prompt tokens) shapes, as the engine's replay loop sees them (host work included,
+        synced)."""
         from ..kernels.engine import EngineCore
         from .sweep import engine_stack
 
         torch = self.torch
-        stack = engine_stack(self.spec)
-        layers = [(as_kind(g.attention), g.in_prefill) for g in stack.layer_groups]
+        stack = engine_stack(self.spec, depth=depth)
+        layers = stack_layers(stack)
         budget = max((b * n for b, n in prefill), default=1)
         eng = EngineCore(
             stack,

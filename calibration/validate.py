@@ -24,16 +24,19 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from ..errors import UserError
 from ..models.cost import PoolShape, StepParams
 from ..models.profile import Profile
 from ..models.profile_cost import ProfileStepCost
 from ..models.registry import load_hardware, load_model
+from ..models.spec import ModelSpec
 from ..sim.core.requests import RequestTable
 from ..sim.policies.chunking import WholePrompts
 from ..sim.policies.kv_admission import ReserveWholeContext
 from ..sim.stages.decode import DecodeGroup
 from ..sim.stages.prefill import PrefillInstance
 from ..traces import RequestSource
+from .sweep import engine_stack
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,14 @@ class ReplayShape:
     prefill_token_budget: int = 16384
     max_decode_batch: int = 64
     step_overhead_s: float = 0.0
+    # None: ``model`` is the engine's stack as it stands; N: the engine stack of ``model`` with
+    # N layers per layer group (``sweep.engine_stack``), as ``calibrate --engine-depth N`` timed
+    depth: int | None = None
+
+    def stack(self) -> ModelSpec:
+        """The model the engine core runs and the simulator costs."""
+        spec = load_model(self.model)
+        return spec if self.depth is None else engine_stack(spec, depth=self.depth)
 
 
 def _source(frame: pd.DataFrame) -> RequestSource:
@@ -75,14 +86,22 @@ def _source(frame: pd.DataFrame) -> RequestSource:
 
 def validation_cost(profile: Profile, shape: ReplayShape) -> ProfileStepCost:
     """The StepCost of the engine core: kernel fits + eager launch gaps + its own host time."""
-    model = load_model(shape.model)
+    model = shape.stack()
     hw = load_hardware(shape.hardware)
     step = StepParams(comm_overlap=0.0, step_overhead_s=shape.step_overhead_s)
+    coefs = profile.coefs(model, hw.name)
+    fitted_depth = coefs.engine_overhead.stack_depth
+    if (shape.depth or 1) != fitted_depth:
+        raise UserError(
+            f"profile {profile.name!r} fitted its engine-core model on a stack of depth "
+            f"{fitted_depth}; this replay runs depth {shape.depth or 1} (pass --depth "
+            f"{fitted_depth})"
+        )
     return ProfileStepCost(
         model,
         hw,
         PoolShape(1, 0),
-        profile.coefs(model, hw.name),
+        coefs,
         step,
         profile.name,
         eager=True,

@@ -189,6 +189,9 @@ class EngineOverhead(FrozenModel):
     decode_loop_s: float = Field(0.0, ge=0)
     decode_loop_per_seq_s: float = Field(0.0, ge=0)
     prefill_loop_s: float = Field(0.0, ge=0)
+    # layers per layer group of the timed engine stack (calibration.sweep.engine_stack); the
+    # replay check runs the engine at this depth
+    stack_depth: int = Field(1, ge=1)
 
 
 class HardwareCoefs(FrozenModel):

@@ -509,7 +509,9 @@ class SyntheticBench:
     def vision(self) -> float | None:
         return 0.02
 
-    def engine_steps(self, decode, prefill, spread=0.0) -> list[tuple[str, int, int, int, float]]:
+    def engine_steps(
+        self, decode, prefill, spread=0.0, depth=1
+    ) -> list[tuple[str, int, int, int, float]]:
         return []
 
 

@@ -250,9 +250,9 @@ def test_decode_spread_reaches_every_decode_timing(monkeypatch, tmp_path):
         seen.append(spread)
         return real_decode(self, kind, batch, context, verify, spread)
 
-    def engine_steps(self, decode, prefill, spread=0.0, with_loop_gaps=True):
+    def engine_steps(self, decode, prefill, spread=0.0, depth=1, with_loop_gaps=True):
         seen.append(spread)
-        return real_engine(self, decode, prefill, spread, with_loop_gaps)
+        return real_engine(self, decode, prefill, spread, depth, with_loop_gaps)
 
     monkeypatch.setattr(torch_bench.TorchBench, "decode", decode)
     monkeypatch.setattr(torch_bench.TorchBench, "engine_steps", engine_steps)
@@ -261,3 +261,52 @@ def test_decode_spread_reaches_every_decode_timing(monkeypatch, tmp_path):
     res = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "p.yaml")])
     assert res.exit_code == 0, res.output
     assert seen and set(seen) == {0.5}
+
+
+def test_engine_stack_keeps_up_to_depth_layers_of_each_group():
+    from deepinfer_sim.calibration.sweep import engine_stack
+    from deepinfer_sim.calibration.torch_bench import stack_layers
+
+    flash = load_model("deepseek-v4.1-flash")
+    one, four = engine_stack(flash), engine_stack(flash, depth=4)
+    assert [g.count for g in one.layer_groups] == [1] * len(flash.layer_groups)
+    assert [g.count for g in four.layer_groups] == [min(g.count, 4) for g in flash.layer_groups]
+    assert one.moe.routed_experts == four.moe.routed_experts == 48
+    assert len(stack_layers(four)) == sum(g.count for g in four.layer_groups)
+    assert [k for k, _ in stack_layers(one)] == [g.attention for g in flash.layer_groups]
+    with pytest.raises(ValueError, match="depth"):
+        engine_stack(flash, depth=0)
+
+
+def test_a_deeper_engine_stack_is_timed_fitted_and_replayed_at_its_depth(tmp_path, one_thread):
+    """``calibrate --engine-depth 2`` times the engine core on two layers per group, records the
+    depth in the engine-core model, and the replay check runs (and costs) that same stack; a
+    replay at another depth is refused with a message naming both."""
+    from deepinfer_sim.calibration.replay import replay
+    from deepinfer_sim.calibration.validate import ReplayShape, validation_cost
+
+    deep = tmp_path / "toy-deep.yaml"
+    deep.write_text(
+        Path(TOY)
+        .read_text()
+        .replace("name: toy-v4", "name: toy-deep")
+        .replace("count: 1", "count: 3")
+    )
+    out = tmp_path / "deep.yaml"
+    args = ["calibrate", "--device", "cpu", "--model", str(deep), "--kernels", "reference"]
+    args += ["--grid", "tiny", "--hardware", "h200", "--engine-depth", "2", "--out", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    profile = load_profile(str(out))
+    coefs = profile.models["toy-deep"].hardware["h200"]
+    assert coefs.engine_overhead.stack_depth == 2 and profile.models["toy-deep"].raw["engine"]
+    shape = ReplayShape(model=str(deep), prefill_token_budget=256, max_decode_batch=4, depth=2)
+    assert sum(g.count for g in shape.stack().layer_groups) == 6
+    report = replay(
+        profile, tmp_path / "r", "cpu", 4, 0.5, ("mooncake_conversation",), 1, "reference",
+        shape, max_prompt=48, max_output=4,
+    )  # fmt: skip
+    assert report["shape"]["depth"] == 2
+    assert report["traces"]["mooncake_conversation"]["decode"]["runs"][0]["simulated_p50_s"] > 0
+    with pytest.raises(UserError, match=r"depth 2.*depth 1"):
+        validation_cost(profile, ReplayShape(model=str(deep)))
