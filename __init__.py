@@ -6,14 +6,33 @@ The API is the product; the CLI is a thin shell over it::
     from deepinfer_sim import load_scenario, simulate
     result = simulate(load_scenario("default", ["workload.rate_scale=50"]))
     result.summary["latency"]["ttft_s"]
+
+The API names are imported on first use (PEP 562), so ``import deepinfer_sim.cli`` — and a
+``--help`` — does not pay for the simulator's modules.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import ConfigError, InvariantError, TraceError, UserError
-from .scenario import Scenario, load_scenario, scenario_from_dict
-from .sim.results.result import Result
-from .sim.run import simulate
+
+if TYPE_CHECKING:
+    from .scenario import Scenario, load_scenario, scenario_from_dict
+    from .sim.results.result import Result
+    from .sim.run import simulate
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Result": ".sim.results.result",
+    "Scenario": ".scenario",
+    "load_scenario": ".scenario",
+    "scenario_from_dict": ".scenario",
+    "simulate": ".sim.run",
+}
+"""API name -> the module that defines it, imported when the name is first read."""
 
 __all__ = [
     "ConfigError",
@@ -27,3 +46,16 @@ __all__ = [
     "scenario_from_dict",
     "simulate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later reads skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+# libyaml's parser where PyYAML was built with it (same documents, ~5x faster: the cost profiles
+# are tens of kB), else the pure-Python one
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class FrozenModel(BaseModel):
@@ -90,7 +93,7 @@ def read_yaml(path: str | Path) -> Any:
         bad = raw[exc.start]
         raise ConfigError("", f"not UTF-8 text (byte 0x{bad:02x})", source=f"{p}:{line}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)

@@ -79,6 +79,7 @@ def simulate(
             )
     sampler.sample()
     check_invariants(cl)
+    _release_blocks(cl)
     wall = time.perf_counter() - wall0
     itl_stats, itl_max = itl_summary(cl.table, cl.decode, sc.sim.percentiles)
     timeseries = sampler.frame()
@@ -91,3 +92,14 @@ def simulate(
         timeseries=timeseries,
         summary=summary,
     )
+
+
+def _release_blocks(cl: Cluster) -> None:
+    """The run is over: free the prefix store's and the SWA directory's per-block state (their
+    counts stay for the summary) before the results are assembled."""
+    path = cl.path
+    if path is not None:
+        if path.store is not None:
+            path.store.release()
+        if path.swa is not None:
+            path.swa.release()

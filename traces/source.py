@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
+
+if TYPE_CHECKING:  # imported by to_frame() only: start-up does not pay for pandas
+    import pandas as pd
 
 __all__ = ["RequestSource"]
 
@@ -49,8 +51,9 @@ def _frozen(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _as_column(values: Any, dtype: type, field: str) -> np.ndarray:
-    """Copy ``values`` into a 1-D array of ``dtype``; refuse lossy casts (float -> int, wraps)."""
+def _as_column(values: Any, dtype: type, field: str, copy: bool = True) -> np.ndarray:
+    """``values`` as a 1-D array of ``dtype``, copied unless ``copy`` is False and it already is
+    one; refuse lossy casts (float -> int, wraps)."""
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{field}: expected a 1-D array, got shape {arr.shape}")
@@ -60,13 +63,52 @@ def _as_column(values: Any, dtype: type, field: str) -> np.ndarray:
     if target.kind == "f":
         if arr.dtype.kind not in "iuf":
             raise ValueError(f"{field}: expected numbers, got dtype {arr.dtype}")
-        return arr.astype(target, copy=True)
+        return arr.astype(target, copy=copy)
     if arr.dtype.kind not in "iu":
         raise ValueError(f"{field}: expected integers, got dtype {arr.dtype}")
-    info = np.iinfo(target)
-    if arr.min() < info.min or arr.max() > info.max:
-        raise ValueError(f"{field}: values outside the {target} range [{info.min}, {info.max}]")
-    return arr.astype(target, copy=True)
+    if arr.dtype != target:
+        info = np.iinfo(target)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise ValueError(f"{field}: values outside the {target} range [{info.min}, {info.max}]")
+    return arr.astype(target, copy=copy)
+
+
+_CHUNK_REFS = 1 << 20
+"""Block references gathered per step: bounds the temporaries of a gather to a few MB."""
+
+
+def _row_chunks(offsets: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges ``[a, b)`` of a CSR whose block references add up to about ``_CHUNK_REFS``
+    each (at least one row per range)."""
+    n = len(offsets) - 1
+    if n <= 0:
+        return []
+    marks = np.arange(_CHUNK_REFS, int(offsets[-1]), _CHUNK_REFS)
+    cuts = np.searchsorted(offsets, marks, side="right") - 1
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 1, n), [n]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True))
+
+
+def _copy_rows(
+    out: np.ndarray,
+    out_starts: np.ndarray,
+    hashes: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    low: int = 0,
+    base: int = 0,
+) -> None:
+    """``out[out_starts[r] + k] = hashes[starts[r] + k] - low + base`` for ``k < counts[r]``,
+    over all rows ``r``, a chunk of rows at a time."""
+    ends = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=ends[1:])
+    for a, b in _row_chunks(ends):
+        c = counts[a:b]
+        local = np.arange(ends[a], ends[b], dtype=np.int64) - np.repeat(ends[a:b], c)
+        src = hashes[np.repeat(starts[a:b], c) + local]
+        if low or base:
+            src = (src - low) + base  # ids >= low: no int64 wrap (merge checks the top)
+        out[np.repeat(out_starts[a:b], c) + local] = src
 
 
 def _gather_csr(
@@ -77,10 +119,33 @@ def _gather_csr(
     counts = offsets[rows + 1] - starts
     new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(counts, out=new_offsets[1:])
-    # Position k of the output copies hashes[starts[r] + (k - new_offsets[r])] for its row r.
-    shift = np.repeat(starts - new_offsets[:-1], counts)
-    flat = shift + np.arange(new_offsets[-1], dtype=np.int64)
-    return new_offsets, hashes[flat]
+    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and np.all(np.diff(rows) == 1):
+        lo, hi = int(offsets[rows[0]]), int(offsets[rows[-1] + 1])
+        return new_offsets, hashes[lo:hi].copy()  # a run of consecutive rows: one slice
+    out = np.empty(int(new_offsets[-1]), dtype=hashes.dtype)
+    _copy_rows(out, new_offsets[:-1], hashes, starts, counts)
+    return new_offsets, out
+
+
+def _merged_hashes(
+    sources: Sequence[RequestSource],
+    lows: list[int],
+    bases: list[int],
+    order: np.ndarray,
+    offsets: np.ndarray,
+) -> np.ndarray:
+    """The block ids of merged ``sources``, rows in ``order`` (of their concatenation), each
+    source's ids moved from ``lows[k]`` up to ``bases[k]``, written straight into place."""
+    out = np.empty(int(offsets[-1]), dtype=np.int64)
+    dest = np.empty(len(order), dtype=np.int64)
+    dest[order] = np.arange(len(order), dtype=np.int64)
+    first = 0
+    for source, low, base in zip(sources, lows, bases, strict=True):
+        rows = dest[first : first + len(source)]
+        first += len(source)
+        starts = source.block_offsets[:-1]
+        _copy_rows(out, offsets[rows], source.block_hashes, starts, source.n_blocks, low, base)
+    return out
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
@@ -130,6 +195,7 @@ class RequestSource:
         session_id: Any = None,
         name: str = "trace",
         sort: bool = False,
+        copy: bool = True,
     ) -> RequestSource:
         """Build a validated source from array-likes.
 
@@ -137,9 +203,10 @@ class RequestSource:
         ``ValueError``). ``traffic_class`` defaults to code 0 (the first of ``class_names``),
         ``image_count`` to 0 and ``session_id`` to -1. With ``sort=True`` rows are first put in
         arrival order (stable, so ties keep their given order); otherwise unsorted input is an
-        error.
+        error. ``copy=False`` hands over arrays that already have the canonical dtype instead of
+        copying them (a generator's fresh columns): the source freezes them.
         """
-        arrival = _as_column(arrival_s, np.float64, "arrival_s")
+        arrival = _as_column(arrival_s, np.float64, "arrival_s", copy)
         n = len(arrival)
         columns = {
             "input_len": input_len,
@@ -150,7 +217,7 @@ class RequestSource:
             "image_count": np.zeros(n, np.int16) if image_count is None else image_count,
             "session_id": np.full(n, -1, np.int64) if session_id is None else session_id,
         }
-        arrays = {k: _as_column(v, _INT_COLUMNS[k], k) for k, v in columns.items()}
+        arrays = {k: _as_column(v, _INT_COLUMNS[k], k, copy) for k, v in columns.items()}
         if isinstance(class_names, str):
             raise ValueError("class_names: expected a sequence of names, got one string")
         source = cls(
@@ -390,14 +457,17 @@ class RequestSource:
         names: list[str] = []
         for s in sources:
             names.extend(c for c in s.class_names if c not in names)
-        hashes, sessions, codes = [], [], []
+        lows, bases, sessions, codes = [], [], [], []
         next_hash = next_session = 0
         for s in sources:
+            low = 0
             if len(s.block_hashes):
                 low, high = int(s.block_hashes.min()), int(s.block_hashes.max())
                 if next_hash + (high - low) > _INT64_MAX:
                     raise ValueError("merge: shifted block ids overflow int64")
-                hashes.append((s.block_hashes - low) + next_hash)
+            lows.append(low)
+            bases.append(next_hash)
+            if len(s.block_hashes):
                 next_hash += high - low + 1
             known = s.session_id >= 0
             top = int(s.session_id.max()) if known.any() else -1
@@ -407,26 +477,36 @@ class RequestSource:
             next_session += top + 1
             remap = np.array([names.index(c) for c in s.class_names], dtype=np.int8)
             codes.append(remap[s.traffic_class])
-        lengths = np.concatenate([[0]] + [s.n_blocks for s in sources])
+        arrival = np.concatenate([s.arrival_s for s in sources])
+        order = np.argsort(arrival, kind="stable")
+        offsets = np.zeros(len(order) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate([s.n_blocks for s in sources])[order], out=offsets[1:])
+        hashes = _merged_hashes(sources, lows, bases, order, offsets)
+
+        def rows(parts: list[np.ndarray]) -> np.ndarray:
+            return np.concatenate(parts)[order]
+
         return cls.from_columns(
-            arrival_s=np.concatenate([s.arrival_s for s in sources]),
-            input_len=np.concatenate([s.input_len for s in sources]),
-            output_len=np.concatenate([s.output_len for s in sources]),
-            block_offsets=np.cumsum(lengths),
-            block_hashes=np.concatenate([np.zeros(0, np.int64), *hashes]),
+            arrival_s=arrival[order],
+            input_len=rows([s.input_len for s in sources]),
+            output_len=rows([s.output_len for s in sources]),
+            block_offsets=offsets,
+            block_hashes=hashes,
             block_tokens=block_tokens,
-            traffic_class=np.concatenate(codes),
+            traffic_class=rows(codes),
             class_names=tuple(names),
-            image_count=np.concatenate([s.image_count for s in sources]),
-            session_id=np.concatenate(sessions),
+            image_count=rows([s.image_count for s in sources]),
+            session_id=rows(sessions),
             name=name if name is not None else "+".join(s.name for s in sources),
-            sort=True,
+            copy=False,
         )
 
     # ------------------------------------------------------------------ summaries
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request (no block ids): arrival, lengths, block count, class, session."""
+        import pandas as pd
+
         return pd.DataFrame(
             {
                 "arrival_s": self.arrival_s,

@@ -22,8 +22,11 @@ So the sweep is:
 
 1. :func:`reuse_gaps`: the previous access of every block reference, by one sort of packed
    ``(hash, position)`` int64 keys (no per-access Python). References whose id exceeds every
-   earlier id are first occurrences and skip the sort: traces that issue ids in first-seen
-   order (Mooncake) sort only their repeated references, about a third.
+   earlier id (*records*) are first occurrences and skip the sort: traces that issue ids in
+   first-seen order (Mooncake) sort only their repeated references, about a third. The sort is
+   stable (timsort), which merges the increasing stretch each request's chain contributes
+   instead of sorting anew; when the records are consecutive ids, as there, the record an id
+   was first seen at is found by its rank, without a search.
 2. Consecutive references of one request whose previous accesses are consecutive references
    of one earlier request (or are all first occurrences) are collapsed into *runs*: one gap and
    one owner each. A request's chain typically makes two -- the blocks shared with an earlier
@@ -33,13 +36,16 @@ So the sweep is:
    each run a *level*, the first grid point at which its blocks are present; a block hits at
    grid point ``s`` iff the running maximum of the levels along its request (the prefix rule:
    stop at the first miss, robust to duplicates and per-class TTLs) is ``<= s``. Hit tokens are
-   then one weighted histogram over levels, cumulated.
+   then one weighted histogram over levels, cumulated. Runs of first occurrences never hit and
+   stop their request's lookup, so only the runs before the first of them are looked at.
 4. Storage: a block's residency after a touch lasts ``min(gap to next touch, TTL)`` (or
    ``min(end - touch, TTL)`` after its last touch) and is charged to the toucher's class. The
    time average is the sum of those over ``[first arrival, end_s]``; the peak comes from an
    event count at the distinct arrival times, after every request of that instant (+1 when an
    absent block is touched, -1 at ``touch + TTL`` when the next touch comes later; per class, a
-   touch by another class hands the block over). A partial last block counts as one block.
+   touch by another class hands the block over), in int64: block counts are integers, and
+   integer prefix sums are several times faster than float ones. A partial last block counts
+   as one block.
 
 Exact (equal to a block-by-block store, as the tests check): hit tokens, mean and peak resident
 blocks, for uniform TTLs and for per-class TTLs. Approximate: the write-at-arrival rule above,
@@ -53,6 +59,11 @@ error of the approximation against a brute-force LRU.
 
 Costs: one O(R log R) sort over the R block references; O(R) for the runs; then O(runs + U·S)
 for S grid points, U being the number of distinct arrival times (the peak is evaluated there).
+On a million Mooncake requests (24 M references, ``benchmarks/ttl_sweep.py``) the previous
+accesses take about half the time, the runs a fifth, a 20-point grid of two classes a sixth.
+The passes over every reference avoid reference-sized temporaries (chunked, or reusing a
+buffer): on a virtual machine the page faults of fresh memory cost a fifth to a third of the
+time.
 """
 
 from __future__ import annotations
@@ -105,53 +116,101 @@ def _previous_access(hashes: npt.NDArray[np.int64]) -> np.ndarray:
     """
     n = len(hashes)
     dtype = np.int32 if n < 1 << 30 else np.int64
-    prev: np.ndarray = np.arange(n, dtype=dtype)
-    np.subtract(prev, n + 1, out=prev)
+    prev: np.ndarray = np.arange(-(n + 1), -1, dtype=dtype)
     if n < 2:
         return prev
     # An id larger than every earlier one is a first occurrence (a "record"). Traces that issue
     # ids in first-seen order, as Mooncake does, make most first occurrences records, so only
     # the other references -- a third of Mooncake's -- need the sort.
-    runmax = np.maximum.accumulate(hashes)
-    rest = np.flatnonzero(hashes[1:] <= runmax[:-1])
-    rest += 1
-    m = len(rest)
-    if m == 0:
+    repeat, top = _not_records(hashes)
+    rest = np.flatnonzero(repeat)
+    if len(rest) == 0:
         return prev
-    ids = hashes[rest]
+    ids, pos = _group_by_id(hashes.take(rest), rest, n)
+    # each reference follows the one before it in its id's group; the first of a group follows
+    # the id's record, if it has one
+    head = np.empty(len(ids), dtype=bool)
+    head[0] = True
+    np.not_equal(ids[1:], ids[:-1], out=head[1:])
+    heads = np.flatnonzero(head)
+    at, found = _record_of(ids.take(heads), hashes, repeat, top)
+    before = np.empty(len(pos), dtype=dtype)
+    before[1:] = pos[:-1]
+    before[heads] = np.where(found, at, pos.take(heads) - (n + 1))
+    prev[pos] = before  # one scatter in id order: cheaper than one per kind of predecessor
+    return prev
+
+
+_CHUNK = 1 << 16
+"""References per step of the chunked passes over every reference (the running maximum, the
+run cuts, the record lookup): a step's temporaries stay in the CPU cache, and no pass allocates
+an array as long as the references."""
+
+
+def _not_records(hashes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.bool_], int]:
+    """Whether each id is at most some earlier one, i.e. is not a record; and the largest id
+    (n >= 1)."""
+    n = len(hashes)
+    repeat = np.empty(n, dtype=bool)
+    repeat[0] = False
+    top = hashes[0]  # the maximum before the chunk
+    runmax = np.empty(min(n, _CHUNK), dtype=hashes.dtype)
+    for a in range(1, n, _CHUNK):
+        b = min(a + _CHUNK, n)
+        m = runmax[: b - a]
+        np.maximum.accumulate(hashes[a - 1 : b - 1], out=m)  # of the references before each
+        np.maximum(m, top, out=m)
+        np.less_equal(hashes[a:b], m, out=repeat[a:b])
+        top = m[-1]
+    return repeat, max(int(top), int(hashes[-1]))
+
+
+def _group_by_id(ids: np.ndarray, pos: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` and their positions ``pos`` (increasing, all ``< n``), sorted by id, positions in
+    order within an id. Both arrays are overwritten."""
     lo = int(ids.min())
     width = int(ids.max()) - lo + 1
-    shift = max(1, (m - 1).bit_length())
-    if width << shift < 1 << 62:
-        # Hot path: sort (id, rank) packed into one int64 -- sorting values is several times
-        # faster than an argsort, and the rank bits (position order) make it stable.
-        if lo:
-            ids -= lo
-        ids <<= shift
-        ids |= np.arange(m, dtype=np.int64)
-        ids.sort()
-        order = ids & ((1 << shift) - 1)
-        ids >>= shift
-        ids += lo
-    else:
+    shift = max(1, (n - 1).bit_length())
+    if width << shift >= 1 << 62:
         order = np.argsort(ids, kind="stable")
-        ids = ids[order]
-    pos = rest[order]  # the non-record references, grouped by id, in position order
-    del rest, order
-    same = ids[1:] == ids[:-1]
-    repeat = np.flatnonzero(same)
-    prev[pos[1:][repeat]] = pos[repeat]
-    # the first of each group was preceded only by the id's record, if it has one: the first
-    # position where the running maximum reaches the id
-    heads = np.flatnonzero(~same)
-    heads += 1
-    heads = np.concatenate([[0], heads])
-    head_ids = ids[heads]
-    at = np.searchsorted(runmax, head_ids)
-    np.minimum(at, n - 1, out=at)
-    found = runmax[at] == head_ids
-    prev[pos[heads[found]]] = at[found]
-    return prev
+        return ids[order], pos[order]
+    # Hot path: sort (id, position) packed into one int64 -- sorting values is several times
+    # faster than an argsort. Stable (timsort) because the keys arrive in long increasing
+    # stretches, one per request chain, which it merges instead of sorting anew.
+    key = ids
+    key -= lo
+    key <<= shift
+    key |= pos
+    key.sort(kind="stable")
+    np.bitwise_and(key, (1 << shift) - 1, out=pos)
+    key >>= shift
+    key += lo
+    return key, pos
+
+
+def _record_of(
+    ids: np.ndarray, hashes: np.ndarray, repeat: npt.NDArray[np.bool_], top: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Position of the record (first occurrence, larger than every earlier id) of each of the
+    sorted ``ids``, and whether it has one; ``top`` is the largest id."""
+    lo = int(hashes[0])
+    if top - lo + 1 != len(repeat) - int(np.count_nonzero(repeat)):
+        runmax = np.maximum.accumulate(hashes)
+        at = np.searchsorted(runmax, ids)  # the first position where the running max reaches it
+        np.minimum(at, len(runmax) - 1, out=at)
+        return at, runmax.take(at) == ids
+    # The records are lo, lo + 1, ..., top in turn: an id's rank among them gives its record.
+    # Chunk by chunk, so that no array of every record's position is needed.
+    found = ids >= lo
+    rank = np.where(found, ids - lo, 0)  # sorted (ids far below lo may wrap: not found anyway)
+    at = np.empty(len(ids), dtype=np.int64)
+    done = 0  # records before the chunk
+    for a in range(0, len(repeat), _CHUNK):
+        here = np.flatnonzero(~repeat[a : a + _CHUNK])
+        i, j = np.searchsorted(rank, [done, done + len(here)])
+        at[i:j] = here.take(rank[i:j] - done) + a
+        done += len(here)
+    return at, found
 
 
 def reuse_gaps(source: RequestSource) -> ReuseGaps:
@@ -188,74 +247,89 @@ def reuse_gaps(source: RequestSource) -> ReuseGaps:
 @dataclass(frozen=True, slots=True, eq=False)
 class _Runs:
     """Maximal stretches of one request's references whose previous accesses are consecutive
-    references of one earlier request (or all first occurrences): one gap and one owner each."""
+    references of one earlier request (or all first occurrences): one gap and one owner each.
 
-    start: npt.NDArray[np.int64]  # first reference
+    Only the *seen* runs (blocks accessed before) are kept, in reference order: a run of first
+    occurrences holds nothing before it and never hits, and neither does any later run of its
+    request (the lookup stops at the first absent block). ``hit`` picks the seen runs before
+    that point.
+    """
+
     length: npt.NDArray[np.int64]
-    row: npt.NDArray[np.int64]
-    cls: npt.NDArray[np.int64]  # class of the request
-    gap: npt.NDArray[np.float64]  # inf for first occurrences
-    owner: npt.NDArray[np.int64]  # class of the previous accessor, -1 for first occurrences
+    gap: npt.NDArray[np.float64]
+    owner: npt.NDArray[np.int64]  # class of the previous accessor
     group: npt.NDArray[np.int64]  # distinct-arrival-time index of the request
-    prev_group: npt.NDArray[np.int64]  # ... of the previous access (-1 for none)
-    usable: npt.NDArray[np.int64]  # references before the request's hit cap
+    prev_group: npt.NDArray[np.int64]  # ... of the previous access
+    hit: npt.NDArray[np.int64]  # the runs that can hit (index into the above)
+    hit_row: npt.NDArray[np.int64]  # their request
+    hit_usable: npt.NDArray[np.int64]  # their references before the request's hit cap
 
 
 def _runs(source: RequestSource, group: np.ndarray) -> _Runs:
     offsets = source.block_offsets
-    n_refs = int(offsets[-1])
     prev = _previous_access(source.block_hashes)
-    # hot path: one subtraction and one comparison per reference find the run starts
+    row_of = np.repeat(np.arange(len(source), dtype=prev.dtype), source.n_blocks)
+    start, length, seen, prev_row = _run_starts(prev, offsets, row_of)
+    del prev
+    row = row_of.take(start).astype(np.int64)
+    del row_of
+    # a run of first occurrences stops the lookup of its request: mark the runs after one
+    stop = row * 2 + 1
+    stop[seen] -= 1
+    np.maximum.accumulate(stop, out=stop)
+    hit = np.flatnonzero((stop.take(seen) & 1) == 0)
+    hit_run = seen.take(hit)
+    hit_row = row.take(hit_run)
+    cap_end = offsets[:-1] + (source.input_len - 1) // source.block_tokens  # one token computed
+    seen_row = row.take(seen)
+    arrival = source.arrival_s
+    codes = source.traffic_class.astype(np.int64)
+    return _Runs(
+        length=length.take(seen),
+        gap=arrival.take(seen_row) - arrival.take(prev_row),
+        owner=codes.take(prev_row),
+        group=group.take(seen_row),
+        prev_group=group.take(prev_row),
+        hit=hit,
+        hit_row=hit_row,
+        hit_usable=np.clip(cap_end.take(hit_row) - start.take(hit_run), 0, length.take(hit_run)),
+    )
+
+
+def _run_starts(
+    prev: np.ndarray, offsets: np.ndarray, row_of: np.ndarray
+) -> tuple[np.ndarray, ...]:
+    """First reference and length of every run, given the previous accesses ``prev``; which
+    runs are seen (index among the runs), and the request of their previous accesses."""
+    n_refs = len(prev)
     cut = np.empty(n_refs, dtype=bool)
     cut[0] = True
-    np.not_equal(np.subtract(prev[1:], prev[:-1]), 1, out=cut[1:])
+    step = np.empty(min(n_refs, _CHUNK), dtype=prev.dtype)
+    for a in range(1, n_refs, _CHUNK):  # chunk by chunk: no reference-sized temporary
+        b = min(a + _CHUNK, n_refs)
+        np.subtract(prev[a:b], prev[a - 1 : b - 1], out=step[: b - a])
+        np.not_equal(step[: b - a], 1, out=cut[a:b])
     cut[offsets[1:-1]] = True
-    row_of = np.repeat(np.arange(len(source), dtype=prev.dtype), source.n_blocks)
     start = np.flatnonzero(cut)
-    first = prev[start]
-    length = np.diff(start, append=n_refs)
-    seen = first >= 0
-    # a run whose previous accesses cross into the next earlier request is split there (rare)
-    lo_row = row_of[first[seen]]
-    hi_row = row_of[first[seen] + length[seen] - 1]
-    crossing = np.flatnonzero(hi_row != lo_row)
-    if crossing.size:
-        k0, k1 = lo_row[crossing].astype(np.int64), hi_row[crossing].astype(np.int64)
+    while True:
+        length = np.diff(start, append=n_refs)
+        first = prev.take(start)
+        seen = np.flatnonzero(first >= 0)
+        first = first.take(seen)
+        prev_row = row_of.take(first).astype(np.int64)
+        # a run whose previous accesses cross into the next earlier request is split there
+        # (rare; one pass splits them all)
+        last = first + length.take(seen) - 1
+        crossing = np.flatnonzero(last >= offsets.take(prev_row + 1))
+        if crossing.size == 0:
+            return start, length, seen, prev_row
+        k0, k1 = prev_row[crossing], row_of.take(last[crossing]).astype(np.int64)
         reps = k1 - k0
-        base = np.repeat(start[seen][crossing] - first[seen][crossing], reps)
+        base = np.repeat(start[seen[crossing]] - first[crossing], reps)
         # request starts k0+1 .. k1 of each crossing run, shifted back to this request's refs
         rows = np.repeat(k0 + 1 - np.cumsum(reps) + reps, reps) + np.arange(int(reps.sum()))
         cut[base + offsets[rows]] = True
         start = np.flatnonzero(cut)
-        first = prev[start]
-        length = np.diff(start, append=n_refs)
-        seen = first >= 0
-        lo_row = row_of[first[seen]]
-    row = row_of[start].astype(np.int64)
-    del cut, row_of
-    owner = np.full(len(start), -1, dtype=np.int64)
-    prev_row = lo_row.astype(np.int64)
-    codes = source.traffic_class.astype(np.int64)
-    owner[seen] = codes[prev_row]
-    arrival = source.arrival_s
-    gap = np.full(len(start), np.inf)
-    gap[seen] = arrival[row[seen]] - arrival[prev_row]
-    prev_group = np.full(len(start), -1, dtype=np.int64)
-    prev_group[seen] = group[prev_row]
-    cap = (source.input_len - 1) // source.block_tokens  # leave one token to compute
-    cap_end = offsets[:-1] + cap
-    usable = np.clip(cap_end[row] - start, 0, length)
-    return _Runs(
-        start=start,
-        length=length,
-        row=row,
-        cls=codes[row],
-        gap=gap,
-        owner=owner,
-        group=group[row],
-        prev_group=prev_group,
-        usable=usable,
-    )
 
 
 # ---------------------------------------------------------------------------------- evaluation
@@ -269,17 +343,6 @@ def _bincount(x: np.ndarray, weights: np.ndarray, minlength: int) -> npt.NDArray
     below cannot write into.
     """
     return np.bincount(x, weights, minlength).astype(np.float64, copy=False)
-
-
-def _level(ttls: np.ndarray, gap: np.ndarray) -> np.ndarray:
-    """Index of the first of the sorted ``ttls`` with ``gap <= ttl`` (``len(ttls)`` if none)."""
-    if len(ttls) > 32:
-        return np.searchsorted(ttls, gap, side="left")
-    # a few vector comparisons beat a binary search per element on a short grid
-    level = np.zeros(len(gap), dtype=np.int64)
-    for t in ttls:
-        level += gap > t
-    return level
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,13 +394,18 @@ class _Sweep:
         if len(source.block_hashes) == 0:
             return
         r = self.runs = _runs(source, self.row_group)
-        # per owner class: the runs it owns (indices), split by who touches them next
+        # per owner class: the seen runs it owns, and its touches that another one followed
         self.owned = [np.flatnonzero(r.owner == k) for k in range(c)]
-        for k, i in enumerate(self.owned):
-            self.last_touches[k] -= _bincount(r.prev_group[i], r.length[i], u)
-        self.seen = np.flatnonzero(r.owner >= 0)
+        self.by_owner = [(i, r.length[i], r.group[i], r.prev_group[i]) for i in self.owned]
+        followed = _bincount(r.owner * u + r.prev_group, r.length, c * u)
+        self.last_touches -= followed.reshape(c, u)
         self.gap_weight = r.gap * r.length  # block-seconds held between touches, when present
-        self.usable = r.usable * self.measured[r.row]
+        self.refs_int = self.refs.astype(np.int64)
+        # the runs that can hit, and what their histogram needs
+        self.hit_runs = r.hit
+        self.hit_row_key = r.hit_row << 32  # keeps a running maximum within each request
+        self.hit_cls = codes.take(r.hit_row)
+        self.hit_usable = r.hit_usable * self.measured.take(r.hit_row)
 
     # ---- occupancy (for Che's characteristic time) -------------------------------------------
     def _durations(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -392,73 +460,133 @@ class _Sweep:
     def evaluate(self, ttl: npt.NDArray[np.float64]) -> _Evaluated:
         """Settings ``ttl[s, c]`` (non-decreasing in ``s`` for every class) evaluated at once."""
         s_count, c = ttl.shape
-        u = len(self.times)
-        hit_blocks = np.zeros((s_count, c))
-        resident = np.zeros((s_count, c))
-        peak = np.zeros((s_count, c))
-        total = np.zeros((s_count, u))
-        # residency after last touches: min(tail, TTL), charged to the last toucher's class
-        for k in range(c):
-            resident[:, k] = np.minimum(self.tail[None, :], ttl[:, k, None]) @ self.last_touches[k]
+        resident = self._after_last_touches(ttl)
+        if self.runs is None:
+            zeros = np.zeros((s_count, c))
+            return _Evaluated(zeros, resident, zeros, np.zeros(s_count))
+        level = self._levels(ttl)
+        resident += self._between_touches(ttl, level)
+        peak, peak_total = self._peaks(ttl, level)
+        return _Evaluated(self._hit_blocks(level, s_count), resident, peak, peak_total)
+
+    def _after_last_touches(self, ttl: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """Block-seconds held after last touches, ``min(tail, TTL)`` each, per (setting, class of
+        the last toucher)."""
+        resident = np.empty(ttl.shape)
+        held = None
+        for k in range(ttl.shape[1]):
+            if held is None or not np.array_equal(ttl[:, k], ttl[:, k - 1]):
+                held = np.minimum(self.tail[None, :], ttl[:, k, None])
+            resident[:, k] = held @ self.last_touches[k]
+        return resident
+
+    def _levels(self, ttl: npt.NDArray[np.float64]) -> np.ndarray:
+        """Each seen run's *level*: the first setting at which its blocks are present (the
+        number of settings if none), i.e. the first of its owner's TTLs >= its gap."""
         r = self.runs
-        if r is None:
-            return _Evaluated(hit_blocks, resident, peak, np.zeros(s_count))
+        assert r is not None
+        if np.all(ttl == ttl[:, :1]):
+            return np.searchsorted(ttl[:, 0], r.gap, side="left")
+        level = np.empty(len(r.gap), dtype=np.int64)
+        for k, owned in enumerate(self.owned):
+            level[owned] = np.searchsorted(ttl[:, k], r.gap[owned], side="left")
+        return level
+
+    def _hit_blocks(self, level: np.ndarray, s_count: int) -> npt.NDArray[np.float64]:
+        """Hit blocks per (setting, request class)."""
         width = s_count + 1
-        # level: the first setting at which a run's blocks are present (s_count = never)
-        level = np.full(len(r.start), s_count, dtype=np.int64)
-        if c > 1 and np.all(ttl == ttl[:, :1]):
-            level[self.seen] = _level(ttl[:, 0], r.gap[self.seen])
-        else:
-            for k in range(c):
-                level[self.owned[k]] = _level(ttl[:, k], r.gap[self.owned[k]])
         # prefix rule: a reference hits only if every earlier one of its request hit, i.e. the
-        # running max of levels along the request; the row offset keeps the max per request.
-        offset = r.row * (width + 1)
-        key = offset + level
+        # running max of the levels along the request
+        key = level.take(self.hit_runs)
+        key |= self.hit_row_key
         np.maximum.accumulate(key, out=key)
-        key -= offset
-        key += r.cls * width
-        hist = _bincount(key, self.usable, c * width).reshape(c, width)
-        hit_blocks[:] = np.cumsum(hist, axis=1)[:, :s_count].T
-        befores: dict[float, np.ndarray] = {}
-        for k in range(c):
-            i = self.owned[k]
-            lev = level[i]
-            length = r.length[i]
-            # residency between touches: present runs held `gap`, the others `TTL`
-            held = np.cumsum(_bincount(lev, self.gap_weight[i], width))[:s_count]
-            count = _bincount(lev, length, width)
-            present = np.cumsum(count)[:s_count]
-            absent = count.sum() - present
-            resident[:, k] += held + np.where(absent > 0, ttl[:, k], 0.0) * absent  # no inf * 0
-            # peak: class k's resident blocks at t_u = its touches up to t_u that found no block
-            # of its own present (a fresh write, an expired block, or one taken from another
-            # class), minus its blocks that expired (touch + TTL < t_u, next touch later), minus
-            # its blocks another class touched in time (handed over). Per distinct time u:
-            # held(u) = cum[refs_k - present_k](u) - cum[refs_k - followed_k](before(u)).
-            lev_u = lev * u
-            taken = _bincount(lev_u + r.group[i], length, width * u)
-            taken = np.cumsum(taken.reshape(width, u), axis=0)[:s_count]
-            followed = _bincount(lev_u + r.prev_group[i], length, width * u)
-            followed = np.cumsum(followed.reshape(width, u), axis=0)[:s_count]
-            refs = self.refs[k]
-            np.subtract(refs, taken, out=taken)
-            held_now = np.cumsum(taken, axis=1, out=taken)
-            expired = np.zeros((s_count, u + 1))
-            np.cumsum(np.subtract(refs, followed, out=followed), axis=1, out=expired[:, 1:])
-            before = np.empty((s_count, u), dtype=np.int64)
-            for s in range(s_count):
-                t = float(ttl[s, k])
-                if t not in befores:  # groups strictly before t_u - TTL have expired by t_u
-                    befores[t] = np.searchsorted(self.times, self.times - t, side="left")
-                before[s] = befores[t]
-            np.subtract(held_now, expired[np.arange(s_count)[:, None], before], out=held_now)
-            total += held_now
-            window = self.measured_times
-            peak[:, k] = held_now[:, window].max(axis=1) if window.any() else 0.0
-        if not self.measured_times.any():
-            return _Evaluated(hit_blocks, resident, peak, np.zeros(s_count))
-        return _Evaluated(hit_blocks, resident, peak, total[:, self.measured_times].max(axis=1))
+        key &= (1 << 32) - 1
+        key += self.hit_cls * width
+        hist = _bincount(key, self.hit_usable, self.n_classes * width).reshape(-1, width)
+        return np.cumsum(hist, axis=1)[:, :s_count].T
+
+    def _between_touches(self, ttl: npt.NDArray[np.float64], level: np.ndarray) -> np.ndarray:
+        """Block-seconds held between a touch and the next one, per (setting, owner class):
+        present runs held their gap, the others the owner's TTL."""
+        r = self.runs
+        assert r is not None
+        s_count, c = ttl.shape
+        width = s_count + 1
+        key = r.owner * width + level
+        held = np.cumsum(_bincount(key, self.gap_weight, c * width).reshape(c, width), axis=1)
+        count = _bincount(key, r.length, c * width).reshape(c, width)
+        present = np.cumsum(count, axis=1)
+        absent = count.sum(axis=1)[None, :] - present[:, :s_count].T
+        return held[:, :s_count].T + np.where(absent > 0, ttl, 0.0) * absent  # no inf * 0
+
+    def _peaks(self, ttl: npt.NDArray[np.float64], level: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Peak resident blocks per (setting, class), and of all classes together.
+
+        Class k's resident blocks at t_u are its touches up to t_u that found no block of its
+        own present (a fresh write, an expired block, or one taken from another class), minus
+        its blocks that expired (touch + TTL < t_u, next touch later), minus its blocks another
+        class touched in time (handed over). Per distinct time u:
+        held(u) = cum[refs - present](u) - cum[refs - followed](before(u)).
+        Block counts are integers: int64 arithmetic is exact and much faster to cumulate.
+        """
+        s_count, c = ttl.shape
+        u = len(self.times)
+        window = self.measured_times
+        if not window.any():
+            return np.zeros((s_count, c)), np.zeros(s_count)
+        befores = self._before(ttl)
+        peak = np.empty((s_count, c))
+        total = np.zeros((s_count, u), dtype=np.int64)
+        expired = np.zeros((s_count, u + 1), dtype=np.int64)  # a zero before the first time
+        for k, (owned, length, group, prev_group) in enumerate(self.by_owner):
+            key = level.take(owned)
+            key *= u
+            held = self._present(key + group, length, s_count)
+            np.subtract(self.refs_int[k], held, out=held)
+            np.cumsum(held, axis=1, out=held)
+            kept = self._present(key + prev_group, length, s_count)
+            np.subtract(self.refs_int[k], kept, out=kept)
+            np.cumsum(kept, axis=1, out=expired[:, 1:])
+            held -= expired.take(befores[k])
+            total += held
+            peak[:, k] = (held if window.all() else held[:, window]).max(axis=1)
+        return peak, (total if window.all() else total[:, window]).max(axis=1).astype(float)
+
+    def _present(self, key: np.ndarray, length: np.ndarray, s_count: int) -> np.ndarray:
+        """Blocks per (setting s, distinct time) of one owner's runs present at s, from the
+        runs' ``key`` = level x U + distinct time. One class at a time keeps the arrays small
+        enough for the allocator to reuse them rather than map fresh pages."""
+        u = len(self.times)
+        count = np.bincount(key, length, (s_count + 1) * u)[: s_count * u].astype(np.int64)
+        count = count.reshape(s_count, u)
+        for s in range(1, s_count):  # row by row: a cumsum over the first axis is far slower
+            count[s] += count[s - 1]
+        return count
+
+    def _before(self, ttl: npt.NDArray[np.float64]) -> list[np.ndarray]:
+        """Per class, per (setting s, distinct time u): the flat index into an (S, U + 1) array
+        of row s, column the number of distinct times strictly before t_u - TTL -- those whose
+        blocks have expired by t_u."""
+        s_count, u = len(ttl), len(self.times)
+        rows = np.arange(s_count)[:, None] * (u + 1)
+        out: list[np.ndarray] = []
+        for k in range(ttl.shape[1]):
+            if out and np.array_equal(ttl[:, k], ttl[:, k - 1]):
+                out.append(out[-1])
+                continue
+            index = np.empty((s_count, u), dtype=np.int64)
+            for s, t in enumerate(ttl[:, k]):
+                index[s] = _count_before(self.times, self.times - t)
+            out.append(index + rows)
+        return out
+
+
+def _count_before(times: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(times, keys, side="left")`` for sorted ``keys``, by a merge: a stable
+    sort of the two sorted runs places each key before the times equal to it, so the count of
+    times before key j is its merged position minus j. Twice as fast as the binary searches."""
+    order = np.argsort(np.concatenate([keys, times]), kind="stable")
+    return np.flatnonzero(order < len(keys)) - np.arange(len(keys))
 
 
 # ---------------------------------------------------------------------------------- public API

@@ -57,9 +57,10 @@ class RequestTable:
         self.t_transfer_end = nan()
         self.t_decode_start = nan()
         self.t_done = nan()
-        self.decode_first_step = np.full(n, -1, dtype=np.int64)  # index in its group's steps
-        self.decode_last_step = np.full(n, -1, dtype=np.int64)
-        self.decode_generated = np.zeros(n, dtype=np.int64)  # tokens decoded before a preemption
+        # int32: a group's step index and a request's tokens stay far below 2**31
+        self.decode_first_step = np.full(n, -1, dtype=np.int32)  # index in its group's steps
+        self.decode_last_step = np.full(n, -1, dtype=np.int32)
+        self.decode_generated = np.zeros(n, dtype=np.int32)  # tokens decoded before a preemption
         self.preemptions = np.zeros(n, dtype=np.int32)
         self.kv_lost = np.zeros(n, dtype=bool)  # must recompute its KV when next admitted
         self.failures = np.zeros(n, dtype=np.int32)  # times moved off a failed decode rank
@@ -89,12 +90,14 @@ class RequestTable:
         decode_tokens = np.maximum(out - 1, 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(decode_tokens > 0, (self.t_done - first) / decode_tokens, np.nan)
-        classes = np.asarray(src.class_names, dtype=object)[src.traffic_class]
+        names = pd.Index(list(src.class_names))
+        classes = pd.Categorical.from_codes(src.traffic_class, categories=names)
+        # copy=False: the columns are the table's own arrays, not a second copy of every one
         return pd.DataFrame(
             {
                 "request_id": np.arange(self.n),
                 "arrival_s": self.arrival,
-                "traffic_class": pd.Categorical(classes, categories=list(src.class_names)),
+                "traffic_class": classes,
                 "input_tokens": self.input_len,
                 "output_tokens": out,
                 "images": src.image_count,
@@ -132,5 +135,6 @@ class RequestTable:
                 ),
                 "encoder_replay_tokens": self.enc_replay,
                 "decoder_replay_tokens": self.dec_replay,
-            }
+            },
+            copy=False,
         )

@@ -204,7 +204,7 @@ class DSpark:
             valid[:] = live
         self.step += 1
         survival = np.cumprod(use, axis=0)
-        survival[:, ~live] = 0.0
+        survival *= live  # holes: nothing survives (survival >= 0, so this is exact)
         if self.threshold is None or self.step % self.retune_steps == 1 or self.retune_steps == 1:
             self.threshold = self._best_threshold(survival, int(live.sum()), step)
         v[:] = (survival >= self.threshold).sum(axis=0)

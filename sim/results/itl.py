@@ -33,22 +33,22 @@ if TYPE_CHECKING:
 
 
 def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """max(values[lo[i] : hi[i] + 1]) for each i (lo <= hi), via a sparse table."""
+    """max(values[lo[i] : hi[i] + 1]) for each i (lo <= hi), via a sparse table built one level
+    at a time (level L holds the maxima of windows of 2**L; each query reads the one level
+    its span needs, so only the current level is kept)."""
     if lo.size == 0:
         return np.zeros(0)
-    levels = [values]
-    width = 1
-    while 2 * width <= values.size:
-        prev = levels[-1]
-        levels.append(np.maximum(prev[:-width], prev[width:]))
-        width *= 2
     span = hi - lo + 1
     j = np.floor(np.log2(span)).astype(np.int64)
     out = np.empty(lo.size)
-    for level in np.unique(j):
-        sel = j == level
-        table = levels[level]
-        out[sel] = np.maximum(table[lo[sel]], table[hi[sel] - (1 << level) + 1])
+    level = values
+    for depth in range(int(j.max()) + 1):
+        if depth:
+            width = 1 << (depth - 1)
+            level = np.maximum(level[:-width], level[width:])
+        sel = j == depth
+        if sel.any():
+            out[sel] = np.maximum(level[lo[sel]], level[hi[sel] - (1 << depth) + 1])
     return out
 
 

@@ -25,6 +25,29 @@ def _atomic_write(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
+_ROW_GROUP = 1 << 18
+"""Rows converted and written at a time: a parquet file is written without an Arrow copy of the
+whole frame."""
+
+
+def write_parquet(frame: pd.DataFrame, path: Path) -> None:
+    """``frame`` as a parquet file (no index), a row group at a time, written atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(tmp: Path) -> None:
+        first = pa.Table.from_pandas(frame.iloc[:_ROW_GROUP], preserve_index=False)
+        with pq.ParquetWriter(tmp, first.schema) as out:
+            out.write_table(first)
+            for start in range(_ROW_GROUP, len(frame), _ROW_GROUP):
+                part = frame.iloc[start : start + _ROW_GROUP]
+                out.write_table(
+                    pa.Table.from_pandas(part, schema=first.schema, preserve_index=False)
+                )
+
+    _atomic_write(path, write)
+
+
 def write_text(path: Path, text: str) -> None:
     _atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
 
@@ -58,10 +81,8 @@ class Result:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         write_text(out / "config.resolved.yaml", dump_scenario(self.scenario))
-        _atomic_write(out / "requests.parquet", lambda p: self.requests.to_parquet(p, index=False))
-        _atomic_write(
-            out / "timeseries.parquet", lambda p: self.timeseries.to_parquet(p, index=False)
-        )
+        write_parquet(self.requests, out / "requests.parquet")
+        write_parquet(self.timeseries, out / "timeseries.parquet")
         write_text(out / "summary.json", self.summary_json())
         if plots:
             from .plots import write_plots

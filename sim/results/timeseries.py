@@ -15,7 +15,8 @@ store's, the links') and the requests table; a sample asks each component once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from array import array
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -51,11 +52,57 @@ _QUEUES = {
 }
 
 
+class ColumnLog:
+    """Rows of named numbers kept as typed columns: 8 bytes a value instead of a dict per row.
+
+    A column of ints is int64 until a float comes (then float64), a column of floats float64, as
+    pandas infers them from the rows; a column of anything else (bools) stays a list."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, array[Any] | list[Any]] = {}
+        self.rows = 0
+
+    def append(self, row: dict[str, Any]) -> None:
+        if not self.columns:
+            self.columns = {k: _column_for(v) for k, v in row.items()}
+        for key, value in row.items():
+            col = self.columns[key]
+            if isinstance(col, array) and col.typecode == "q" and not _is_int(value):
+                col = self.columns[key] = array("d", col) if _is_float(value) else list(col)
+            col.append(value)
+        self.rows += 1
+
+    def column(self, key: str) -> np.ndarray:
+        col = self.columns[key]
+        if isinstance(col, array):
+            return np.array(col, dtype=np.int64 if col.typecode == "q" else np.float64)
+        return np.asarray(col)
+
+    def frame(self) -> pd.DataFrame:
+        if not self.rows:
+            return pd.DataFrame()
+        return pd.DataFrame({key: self.column(key) for key in self.columns})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, float | np.floating)
+
+
+def _column_for(value: Any) -> array[Any] | list[Any]:
+    if _is_int(value):
+        return array("q")
+    return array("d") if _is_float(value) else []
+
+
 class TimeseriesSampler:
     def __init__(self, cl: Cluster, interval_s: float) -> None:
         self.cl = cl
         self.interval = interval_s
-        self.rows: list[dict[str, float]] = []
+        self.log = ColumnLog()
         self.kv = cl.path.kv if cl.path is not None else None
         self.read_gbps_peak = 0.0
         self._prev = self._counters(Reports.of(cl))
@@ -99,7 +146,7 @@ class TimeseriesSampler:
             # <= 1 by construction; min() only absorbs float round-off of step end times
             return min(1.0, (now[key] - self._prev[key]) / (dt * units)) if units else 0.0
 
-        self.rows.append(
+        self.log.append(
             {
                 "t_s": now["t"],
                 "arrived": cl.arrived,
@@ -157,14 +204,14 @@ class TimeseriesSampler:
         return (now[f"{pool}_eplb_sum"] - self._prev[f"{pool}_eplb_sum"]) / steps
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows)
+        return self.log.frame()
 
     def queue_stats(self) -> dict[str, dict[str, float]]:
         """Queue depth per pool over the run's samples (one every ``interval``): mean, p99 and
         max. Depths between samples are not seen, so ``max`` is the largest sampled depth."""
         out = {}
         for pool, col in _QUEUES.items():
-            depth = np.array([row[col] for row in self.rows], dtype=np.float64)
+            depth = self.log.column(col).astype(np.float64) if self.log.rows else np.zeros(0)
             if depth.size == 0:
                 depth = np.zeros(1)
             out[pool] = {

@@ -19,6 +19,7 @@ after the run.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -101,12 +102,12 @@ class DecodeGroup(StepLoop):
         self.verify_sum = 0  # draft tokens verified, summed over sequence-steps
         self.seq_steps = 0
         self.new_this_step = 0
-        # one row per step
-        self.step_end: list[float] = []
-        self.step_dt: list[float] = []
-        self.step_n: list[int] = []
-        self.step_new: list[int] = []
-        self.step_tokens: list[int] = []  # tokens emitted (all sequences): per-token ITL
+        # one row per step, in typed arrays (8 bytes an entry, not a Python object each)
+        self.step_end = array("d")
+        self.step_dt = array("d")
+        self.step_n = array("q")
+        self.step_new = array("q")
+        self.step_tokens = array("q")  # tokens emitted (all sequences): per-token ITL
         self.busy_s = 0.0
         self.tokens_out = 0
         # occupancy integrals over stepping time (idle time adds nothing): sequence-seconds,

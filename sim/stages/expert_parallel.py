@@ -19,6 +19,7 @@ placement are recomputed only when either changes.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -84,6 +85,7 @@ class GroupExperts:
         self.shape = shape
         self.rng = rng
         self.placer = make_expert_placement(policy, shape)
+        self._one_set = not shape.layer_set.any()  # every MoE layer runs the step's tokens
         layers, experts = load.layers, load.experts
         static = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
         self.placement = self.placer.initial(static, load.mean_popularity)
@@ -99,7 +101,7 @@ class GroupExperts:
         self.stall_total_s = 0.0
         self.factor_sum = 0.0
         self.factor_steps = 0
-        self.factors: list[float] = []  # every step's factor, for the summary's percentiles
+        self.factors = array("d")  # every step's factor, for the summary's percentiles
         self.trace: list[tuple[float, np.ndarray, np.ndarray]] | None = None  # set to record
         self._slots = self._slot_weights()
         self._moments: tuple[np.ndarray, np.ndarray, np.ndarray] = slot_moments(
@@ -144,7 +146,12 @@ class GroupExperts:
         share, q2, bias = self._moments
         k = self.load.top_k
         sets = self.shape.layer_set
-        if share.shape[0] == 1:  # one traffic class: skip the sums over classes
+        if share.shape[0] == 1 and self._one_set:  # decode: one class, every layer alike
+            t = tokens[0, 0] * k  # token-choices per layer
+            mean = share[0] * t
+            var = q2[0] * t
+            var += bias[0] * (sq_tokens[0, 0] * (k * k))
+        elif share.shape[0] == 1:  # one traffic class: skip the sums over classes
             t1 = (tokens[0, sets] * k)[:, None]  # (L, 1) token-choices per layer
             mean = share[0] * t1
             var = q2[0] * t1
@@ -206,9 +213,9 @@ class GroupExperts:
     def imbalance_mean(self) -> float:
         return self.factor_sum / self.factor_steps if self.factor_steps else float("nan")
 
-    def report(self) -> dict[str, str | int | float | list[float]]:
+    def report(self) -> dict[str, str | int | float | array[float]]:
         """The group's EPLB part of the summary: its policy, its redundant slots per rank, every
-        step's imbalance factor (``factors``, the list itself: no copy, so the time series can
+        step's imbalance factor (``factors``, the array itself: no copy, so the time series can
         ask every sample) with their sum and count, and the rebalances with the experts and bytes
         they moved and the stall they cost."""
         return {

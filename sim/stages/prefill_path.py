@@ -17,6 +17,7 @@ or 2,560 (exact) through the decoder layers. Replay never enters the prefix cach
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +153,7 @@ class PrefillPath:
         )
         self.hit_blocks: dict[int, int] = {}
         self.store_writes = 0
-        self.read_latencies: list[float] = []  # storage-side seconds of every hit read
+        self.read_latencies = array("d")  # storage-side seconds of every hit read
         self.hit_tokens_total = 0
         self.input_tokens_total = 0
 

@@ -112,7 +112,7 @@ def test_three_failed_nodes_lose_that_group_only() -> None:
     # recomputed blocks are written again, to a group that still works
     kv.write(lost, 2.0, 0)
     assert kv.lookup(lost, 3.0) == 20
-    assert all(kv.where[int(h)][0] == 1 for h in lost)
+    assert all(kv.group_of(int(h)) == 1 for h in lost)
     assert kv.check() == []
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from deepinfer_sim.planner.analysis import ttl_sweep as ttl_sweep_module
 from deepinfer_sim.planner.analysis.ttl_sweep import ALL, plot_ttl_sweep, reuse_gaps, ttl_sweep
 from deepinfer_sim.traces import RequestSource, read_trace
 
@@ -229,27 +230,19 @@ def test_reuse_gaps_fall_back_to_argsort_for_sparse_ids():
     assert np.array_equal(reuse_gaps(wide).prev, reuse_gaps(src).prev)
 
 
-@pytest.mark.parametrize(
-    "ids",
-    [
-        "pool",  # few ids, many repeats, no order
-        "shuffled",  # every id seen twice, issued in no particular order
-        "negative",  # negative ids
-        "sparse",  # ids spread over the int64 range: the stable-argsort fallback
-    ],
-)
-def test_previous_access_matches_a_dict_scan(ids):
-    """The previous access of every reference equals what one pass with a dict finds, whatever
-    the id order (the sweep's fast path for ids issued in first-seen order must not matter)."""
-    rng = np.random.default_rng(11)
-    n = 3000
-    hashes = {
-        "pool": rng.integers(0, 40, n),
-        "shuffled": rng.permutation(np.repeat(np.arange(n // 2), 2)),
-        "negative": rng.integers(-500, 500, n),
-        "sparse": rng.integers(-(1 << 62), 1 << 62, 200)[rng.integers(0, 200, n)],
-    }[ids]
-    src = RequestSource.from_columns(
+def dict_scan(hashes: np.ndarray) -> list[int]:
+    """The previous position of each id, by one pass with a dict (-1 for a first occurrence)."""
+    last: dict[int, int] = {}
+    expected = []
+    for a, h in enumerate(hashes.tolist()):
+        expected.append(last.get(h, -1))
+        last[h] = a
+    return expected
+
+
+def one_block_requests(hashes: np.ndarray) -> RequestSource:
+    n = len(hashes)
+    return RequestSource.from_columns(
         arrival_s=np.arange(n, dtype=float),
         input_len=np.full(n, BT),
         output_len=np.ones(n, dtype=np.int64),
@@ -257,16 +250,78 @@ def test_previous_access_matches_a_dict_scan(ids):
         block_hashes=hashes,
         block_tokens=BT,
     )
-    last: dict[int, int] = {}
-    expected = []
-    for a, h in enumerate(hashes.tolist()):
-        expected.append(last.get(h, -1))
-        last[h] = a
-    g = reuse_gaps(src)
+
+
+def first_seen_ids(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Ids issued in first-seen order from 10**6 (as Mooncake's), with repeats, plus a few fresh
+    ids below the first one: first occurrences that are not new maxima."""
+    ids = np.empty(n, dtype=np.int64)
+    ids[0] = top = 10**6
+    for a in range(1, n):
+        draw = rng.random()
+        if draw < 0.5:
+            ids[a] = ids[rng.integers(0, a)]
+        elif draw < 0.55:
+            ids[a] = rng.integers(0, 10**6)
+        else:
+            top += 1
+            ids[a] = top
+    return ids
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        "pool",  # few ids, many repeats, no order
+        "shuffled",  # every id seen twice, issued in no particular order
+        "negative",  # negative ids
+        "sparse",  # ids spread over the int64 range: the stable-argsort fallback
+        "first_seen",  # the records are consecutive ids: found by rank, not by a search
+        "extremes",  # the same, with ids 2**63 below the first: no wrap-around
+    ],
+)
+def test_previous_access_matches_a_dict_scan(ids):
+    """The previous access of every reference equals what one pass with a dict finds, whatever
+    the id order (the sweep's fast paths for ids issued in first-seen order must not matter)."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    hashes = {
+        "pool": lambda: rng.integers(0, 40, n),
+        "shuffled": lambda: rng.permutation(np.repeat(np.arange(n // 2), 2)),
+        "negative": lambda: rng.integers(-500, 500, n),
+        "sparse": lambda: rng.integers(-(1 << 62), 1 << 62, 200)[rng.integers(0, 200, n)],
+        "first_seen": lambda: first_seen_ids(rng, n),
+        "extremes": lambda: np.where(first_seen_ids(rng, n) < 10**6, -(1 << 62) - 5, 1 << 62),
+    }[ids]()
+    expected = dict_scan(hashes)
+    g = reuse_gaps(one_block_requests(hashes))
     assert g.prev.tolist() == expected
     seen = np.asarray(expected) >= 0
     assert np.array_equal(g.gap_s[seen], (np.arange(n) - np.asarray(expected))[seen])
     assert np.all(np.isinf(g.gap_s[~seen])) and np.all(g.prev_class[~seen] == -1)
+
+
+def test_chunked_passes_match_a_dict_scan_and_the_reference_store(monkeypatch):
+    """The running maximum and the run detection go over the references in chunks; with tiny
+    chunks (many boundaries, runs across them) the results do not change."""
+    monkeypatch.setattr(ttl_sweep_module, "_CHUNK", 7)
+    hashes = first_seen_ids(np.random.default_rng(5), 500)
+    assert reuse_gaps(one_block_requests(hashes)).prev.tolist() == dict_scan(hashes)
+    src = chained_source(300, seed=2, repeat_ids=True)
+    res = ttl_sweep(src, TTLS)
+    for ttl in TTLS:
+        part = res.frame[(res.frame["policy"] == "ttl") & (res.frame["ttl_s"] == ttl)]
+        assert_matches_reference(part, ReferenceTtlStore(src, [ttl, ttl]).run(), res.span_s)
+
+
+def test_count_before_is_a_left_searchsorted():
+    """The merge that finds, per distinct time, how many distinct times lie before t - TTL."""
+    rng = np.random.default_rng(3)
+    times = np.unique(rng.integers(0, 300, 200).astype(float))
+    for ttl in [0.0, 0.5, 1.0, 7.0, 299.0, 1e9, math.inf]:
+        keys = times - ttl
+        expected = np.searchsorted(times, keys, side="left")
+        assert np.array_equal(ttl_sweep_module._count_before(times, keys), expected)
 
 
 def test_an_empty_source_sweeps_to_zeros():

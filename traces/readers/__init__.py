@@ -21,7 +21,11 @@ from deepinfer_sim.traces._files import FORMATS, SERVEGEN, sniff_format
 from deepinfer_sim.traces.builtin import resolve_trace_path
 from deepinfer_sim.traces.readers.azure import read_azure
 from deepinfer_sim.traces.readers.burstgpt import read_burstgpt
-from deepinfer_sim.traces.readers.mooncake import MOONCAKE_BLOCK_TOKENS, read_mooncake
+from deepinfer_sim.traces.readers.mooncake import (
+    MOONCAKE_BLOCK_TOKENS,
+    mooncake_source,
+    read_mooncake,
+)
 from deepinfer_sim.traces.readers.parquet import PARQUET_METADATA_KEY, read_parquet, write_parquet
 from deepinfer_sim.traces.readers.qwen import QWEN_BLOCK_TOKENS, read_qwen
 from deepinfer_sim.traces.readers.tracelab import read_tracelab
@@ -97,7 +101,12 @@ def read_trace(
         fmt = sniff_format(resolved)
     if fmt not in READERS and fmt != SERVEGEN:
         raise TraceError(str(path), f"unknown trace format {fmt!r}; accepted: {', '.join(FORMATS)}")
-    source = read_format(resolved, fmt, traffic_class or builtin_class)
-    if builtin_format is not None:
-        source = source.with_name(str(path).removeprefix("builtin:"))
-    return source
+    if builtin_format is None:
+        return read_format(resolved, fmt, traffic_class)
+    from .._cache import cached_columns  # it imports this package
+
+    name = str(path).removeprefix("builtin:")
+    columns = cached_columns(resolved) if fmt == "mooncake" else None
+    if columns is not None:  # the shipped copy, parsed in advance (traces/_cache.py)
+        return mooncake_source(columns, traffic_class or builtin_class or "chatbot", name)
+    return read_format(resolved, fmt, traffic_class or builtin_class).with_name(name)

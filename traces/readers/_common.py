@@ -11,14 +11,16 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from deepinfer_sim.errors import TraceError
 from deepinfer_sim.traces._files import read_bytes
 from deepinfer_sim.traces.source import RequestSource
+
+if TYPE_CHECKING:  # pandas is imported by the CSV readers only, when they run
+    import pandas as pd
 
 
 def _trace_name(path: str | os.PathLike[str]) -> str:
@@ -105,6 +107,8 @@ def _int_column(df: pd.DataFrame, column: str, low: int) -> tuple[np.ndarray, li
 
 def _read_csv(path: str | os.PathLike[str], required: tuple[str, ...]) -> tuple[str, pd.DataFrame]:
     """Parse a CSV with a header into string columns; check the ``required`` columns."""
+    import pandas as pd
+
     file = str(path)
     data = read_bytes(path)
     if not data.strip():
@@ -160,6 +164,8 @@ def _seconds_column(df: pd.DataFrame, column: str) -> tuple[np.ndarray, list[_Ch
         values = text.to_numpy(dtype=object).astype(np.float64)
         ok = np.isfinite(values)
     except ValueError:  # some cell is not a number; find which
+        import pandas as pd
+
         coerced = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
         ok = np.isfinite(coerced)
         values = np.where(ok, coerced, 0.0)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pandas as pd
 
 from deepinfer_sim.traces.readers._common import (
     _Check,
@@ -39,6 +38,8 @@ def read_azure(
     default (``zero_output="error"``) such a row is a ``TraceError``; ``zero_output="one"``
     counts it as a one-token output instead. The two 2023 files have no such rows.
     """
+    import pandas as pd
+
     if zero_output not in ("error", "one"):
         raise ValueError(f"zero_output: expected 'error' or 'one', got {zero_output!r}")
     file, df = _read_csv(path, _AZURE_COLUMNS)

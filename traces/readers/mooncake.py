@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from array import array
 from typing import Any
 
 import numpy as np
@@ -69,17 +70,27 @@ def _mooncake_row(obj: Any, file: str, line: int) -> tuple[float, int, int, list
     return ts, input_len, output_len, hash_ids
 
 
+MooncakeColumns = dict[str, np.ndarray]
+"""A Mooncake trace as the reader parsed it, in file order: ``arrival_s``, ``input_len``,
+``output_len``, ``block_offsets`` and ``block_hashes`` (what :func:`mooncake_source` takes)."""
+
+
 def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") -> RequestSource:
     """Read a Mooncake FAST'25 JSONL trace (optionally gzip-compressed).
 
     ``timestamp`` is milliseconds from trace start and becomes ``arrival_s`` unchanged apart
     from the unit. Every request gets class ``traffic_class``; there are no sessions or images.
     """
+    return mooncake_source(mooncake_columns(path), traffic_class, _trace_name(path))
+
+
+def mooncake_columns(path: str | os.PathLike[str]) -> MooncakeColumns:
+    """Parse and check every line of a Mooncake trace into columns, in file order."""
     file = str(path)
     timestamps: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
-    hashes: list[int] = []
+    hashes = array("q")  # 8 bytes an id, not a Python int each
     counts: list[int] = []
     for line, obj in _jsonl_objects(path):
         ts, input_len, output_len, hash_ids = _mooncake_row(obj, file, line)
@@ -90,14 +101,25 @@ def read_mooncake(path: str | os.PathLike[str], traffic_class: str = "chatbot") 
         counts.append(len(hash_ids))
     offsets = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
+    return {
+        "arrival_s": np.asarray(timestamps, dtype=np.float64) / 1000.0,
+        "input_len": np.asarray(inputs, dtype=np.int64),
+        "output_len": np.asarray(outputs, dtype=np.int64),
+        "block_offsets": offsets,
+        "block_hashes": np.asarray(hashes, dtype=np.int64),
+    }
+
+
+def mooncake_source(columns: MooncakeColumns, traffic_class: str, name: str) -> RequestSource:
+    """The arrival-sorted source of parsed Mooncake columns, every request of one class."""
     return RequestSource.from_columns(
-        arrival_s=np.asarray(timestamps, dtype=np.float64) / 1000.0,
-        input_len=np.asarray(inputs, dtype=np.int64),
-        output_len=np.asarray(outputs, dtype=np.int64),
-        block_offsets=offsets,
-        block_hashes=np.asarray(hashes, dtype=np.int64),
+        arrival_s=columns["arrival_s"],
+        input_len=columns["input_len"],
+        output_len=columns["output_len"],
+        block_offsets=columns["block_offsets"],
+        block_hashes=columns["block_hashes"],
         block_tokens=MOONCAKE_BLOCK_TOKENS,
         class_names=(traffic_class,),
-        name=_trace_name(path),
+        name=name,
         sort=True,
     )

@@ -129,7 +129,7 @@ def read_parquet(path: str | os.PathLike[str], traffic_class: str | None = None)
     except (pa.ArrowException, OSError) as e:
         raise TraceError(file, f"not a readable parquet file: {e}") from None
     name, block_tokens, class_names = _parquet_meta(file, table.schema.metadata)
-    columns: dict[str, np.ndarray] = {}
+    columns: dict[str, Any] = {}  # arrays, passed as from_columns keywords
     for column, kind in _PARQUET_COLUMNS.items():
         col = _parquet_column(file, table, column)
         ok = pa.types.is_floating(col.type) or pa.types.is_integer(col.type)

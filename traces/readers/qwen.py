@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from array import array
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def read_qwen(
     times: list[float] = []
     inputs: list[int] = []
     outputs: list[int] = []
-    hashes: list[int] = []
+    hashes = array("q")  # 8 bytes an id, not a Python int each
     counts: list[int] = []
     chats: list[int] = []
     types: list[str | None] = []

@@ -505,9 +505,22 @@ def _block_ids(
     rewrite, its chain's run, its partial block -- and is written as ``k + run offset`` with
     one ``repeat`` over all references.
     """
-    n = len(turns.input_len)
-    if n == 0:
+    if not len(turns.input_len):
         return np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    # the runs' temporaries are freed before the full-size id array is built
+    offsets, per_row, length, offset = _row_runs(turns, sys_full, sys_base, block_tokens, order)
+    return offsets, _expand_runs(offsets, per_row, length, offset)
+
+
+def _row_runs(
+    turns: _Turns,
+    sys_full: np.ndarray,
+    sys_base: np.ndarray,
+    block_tokens: int,
+    order: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(offsets, runs per row, run lengths, run id offsets) of the rows (see ``_block_ids``)."""
+    n = len(turns.input_len)
     n_blocks = -(-turns.input_len // block_tokens)
     n_full = turns.input_len // block_tokens
     full_sys = sys_full[turns.prompt]
@@ -573,11 +586,19 @@ def _block_ids(
 
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(n_blocks[order], out=offsets[1:])
-    # id = offset of its run + position k = offset + (reference index - row start).
+    return offsets, per_row, length, offset
+
+
+def _expand_runs(
+    offsets: np.ndarray, per_row: np.ndarray, length: np.ndarray, offset: np.ndarray
+) -> np.ndarray:
+    """Every reference's id: ``offset`` of its run + its position in the row."""
     run_row_start = np.repeat(offsets[:-1], per_row)
     ids = np.repeat(offset - run_row_start, length)
-    ids += np.arange(len(ids), dtype=np.int64)
-    return offsets, ids
+    step = 1 << 20  # add the reference indices a slice at a time: no second full-size array
+    for start in range(0, len(ids), step):
+        ids[start : start + step] += np.arange(start, min(start + step, len(ids)), dtype=np.int64)
+    return ids
 
 
 def _latest_at_most(values: np.ndarray, p: np.ndarray, k: np.ndarray, reach: int) -> np.ndarray:
@@ -643,4 +664,5 @@ def generate_sessions(cfg: SessionWorkload, seed: int) -> RequestSource:
         class_names=CLASS_NAMES,
         session_id=turns.session[order],
         name=cfg.name,
+        copy=False,
     )

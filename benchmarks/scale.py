@@ -1,0 +1,102 @@
+"""How wall time and memory grow with the cluster (a benchmark, not a test; the workload axis,
+10k / 100k / 1M requests, is ``benchmarks/memory.py``).
+
+Each point is a fresh ``deepinfer-sim run default --no-plots`` process (start-up and output
+writing included), timed with its peak RSS: the default deployment × f (f × 16 prefill
+instances, f decode groups of EP64: 128, 512, 2,048 GPUs) offered f × the default rate for the
+same 153 simulated seconds (``workload.rate_scale`` and ``workload.repeat`` × f: the Mooncake
+conversation trace, 12,031 requests a copy), so every GPU sees the same load and the requests
+grow with the cluster. The cost per request (wall µs per request) should stay flat. Writes
+``benchmarks/results/scale.json`` and prints a table.
+
+    python benchmarks/scale.py [--gpus 1,4,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+DEFAULT_RATE_SCALE = 25  # configs/default.yaml's workload.rate_scale
+DEFAULT_GPUS = 128
+
+
+def run_point(overrides: list[str]) -> dict[str, float]:
+    """One CLI run of the default scenario with ``overrides`` in a child process."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "deepinfer_sim.cli", "run", "default", "--quiet"]
+        cmd += ["--no-plots", "--out", out]
+        for kv in overrides:
+            cmd += ["--set", kv]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        wall = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        summary = json.loads((Path(out) / "summary.json").read_text())
+    requests = summary["requests"]["arrived"]
+    return {
+        "wall_s": round(wall, 2),
+        "sim_wall_s": round(summary["sim"]["wall_s"], 2),
+        # ru_maxrss of children is the largest so far: a run below an earlier peak shows NaN
+        "peak_rss_mib": round(peak / 1024) if peak > before else float("nan"),
+        "requests": requests,
+        "simulated_s": round(summary["sim"]["simulated_s"], 1),
+        "events": summary["sim"]["events"],
+        "us_per_request": round(wall / requests * 1e6, 1),
+    }
+
+
+def gpus_axis(factors: list[int]) -> list[dict[str, float]]:
+    rows: list[dict[str, float]] = []
+    for f in factors:
+        point = run_point(
+            [
+                f"pools.prefill.instances={16 * f}",
+                f"pools.decode.groups={f}",
+                f"workload.rate_scale={DEFAULT_RATE_SCALE * f}",
+                f"workload.repeat={f}",
+            ]
+        )
+        rows.append({"gpus": DEFAULT_GPUS * f, "repeat": f, **point})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=ints, default=[1, 4, 16], help="cluster multiples of 128")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "scale.json"))
+    args = ap.parse_args()
+    rows = gpus_axis(args.gpus)
+    report = {
+        "date": date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}",
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'GPUs':>6}{'requests':>11}{'wall s':>9}{'µs/req':>9}{'RSS MiB':>9}")
+    for r in rows:
+        print(
+            f"{r['gpus']:>6}{r['requests']:>11,}{r['wall_s']:>9}"
+            f"{r['us_per_request']:>9}{r['peak_rss_mib']:>9}"
+        )
+
+
+if __name__ == "__main__":
+    main()
