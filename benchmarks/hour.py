@@ -17,44 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 from datetime import date
 from pathlib import Path
+from typing import Any
+
+from _cli_run import machine, run_default  # benchmarks/ is the script's folder
 
 TARGET_WALL_S = 30.0
 
 
-def one_run(repeat: int, overrides: list[str], plots: bool) -> dict[str, float]:
+def one_run(repeat: int, overrides: list[str], plots: bool) -> dict[str, Any]:
     """Run the CLI once in a child process; wall seconds, its peak RSS and what it simulated."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "deepinfer_sim.cli", "run", "default", "--quiet"]
-        cmd += ["--out", out, "--set", f"workload.repeat={repeat}"]
-        for kv in overrides:
-            cmd += ["--set", kv]
-        if not plots:
-            cmd.append("--no-plots")
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True)
-        wall = time.perf_counter() - t0
-        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        summary = json.loads((Path(out) / "summary.json").read_text())
-    return {
-        "wall_s": wall,
-        # ru_maxrss of children is the largest child so far: only a new maximum is this run's
-        "peak_rss_mib": peak_kib / 1024 if peak_kib > before else float("nan"),
-        "simulated_s": summary["sim"]["simulated_s"],
-        "requests": summary["requests"]["arrived"],
-        "sim_wall_s": summary["sim"]["wall_s"],
-        "events": summary["sim"]["events"],
-    }
+    return run_default([f"workload.repeat={repeat}", *overrides], plots)
 
 
 def main() -> None:
@@ -84,8 +59,7 @@ def main() -> None:
         + "".join(f" --set {kv}" for kv in args.overrides)
         + (" --no-plots" if args.no_plots else ""),
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "runs": runs,
         "min_wall_s": round(min(walls), 2),
         "median_wall_s": round(median, 2),

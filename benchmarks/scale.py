@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
-import subprocess
-import sys
-import tempfile
-import time
 from datetime import date
 from pathlib import Path
+
+from _cli_run import machine, run_default  # benchmarks/ is the script's folder
 
 DEFAULT_RATE_SCALE = 25  # configs/default.yaml's workload.rate_scale
 DEFAULT_GPUS = 128
@@ -32,27 +27,16 @@ DEFAULT_GPUS = 128
 
 def run_point(overrides: list[str]) -> dict[str, float]:
     """One CLI run of the default scenario with ``overrides`` in a child process."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "deepinfer_sim.cli", "run", "default", "--quiet"]
-        cmd += ["--no-plots", "--out", out]
-        for kv in overrides:
-            cmd += ["--set", kv]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=True)
-        wall = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        summary = json.loads((Path(out) / "summary.json").read_text())
-    requests = summary["requests"]["arrived"]
+    r = run_default(overrides)
+    peak = r["peak_rss_mib"]
     return {
-        "wall_s": round(wall, 2),
-        "sim_wall_s": round(summary["sim"]["wall_s"], 2),
-        # ru_maxrss of children is the largest so far: a run below an earlier peak shows NaN
-        "peak_rss_mib": round(peak / 1024) if peak > before else float("nan"),
-        "requests": requests,
-        "simulated_s": round(summary["sim"]["simulated_s"], 1),
-        "events": summary["sim"]["events"],
-        "us_per_request": round(wall / requests * 1e6, 1),
+        "wall_s": round(r["wall_s"], 2),
+        "sim_wall_s": round(r["sim_wall_s"], 2),
+        "peak_rss_mib": round(peak) if peak == peak else peak,  # NaN: below an earlier peak
+        "requests": r["requests"],
+        "simulated_s": round(r["simulated_s"], 1),
+        "events": r["events"],
+        "us_per_request": round(r["wall_s"] / r["requests"] * 1e6, 1),
     }
 
 
@@ -84,8 +68,7 @@ def main() -> None:
     rows = gpus_axis(args.gpus)
     report = {
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
