@@ -4,10 +4,10 @@ FIFO queues of slots with lazy deletion.
 A cache of millions of 512-token blocks kept in Python dicts and OrderedDicts costs ~300 bytes
 per block (the key object, the dict entries, one linked-list node per ordering). Here a block is
 a slot number: its state is one element of a few numpy columns (~20 bytes), the key-to-slot map
-costs nothing for the small non-negative ids traces use (slot = id + 1) and ~16 bytes per key
-for arbitrary 64-bit hashes, and an ordering (LRU, TTL age) is a :class:`SlotQueue` of 4-byte
-entries. Every operation takes a request's whole block array, so the cache's hot path is a few
-numpy calls per request rather than a Python loop per block.
+costs nothing for the small non-negative ids traces use (slot = id + 1) and 16-24 bytes per
+key for arbitrary 64-bit hashes, and an ordering (LRU, TTL age) is a :class:`SlotQueue` of
+4-byte entries. Every operation takes a request's whole block array, so the cache's hot path
+is a few numpy calls per request rather than a Python loop per block.
 """
 
 from __future__ import annotations
