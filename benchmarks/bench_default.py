@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from datetime import date
 from pathlib import Path
+
+from _cli_run import machine  # benchmarks/ is the script's folder
 
 from deepinfer_sim import load_scenario, simulate
 
@@ -52,8 +52,7 @@ def main() -> None:
         "scenario": "default",
         "overrides": args.overrides,
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "median_wall_s": round(wall, 3),
         "simulated_s": round(sim_s, 1),
         "requests": reqs,
