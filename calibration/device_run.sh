@@ -15,6 +15,9 @@
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
 # replays the engine core on N layers per layer group (calibrate --engine-depth, replay --depth).
+# Replay: REPLAY_NAME (the folder and $OUT/<name>.tar.gz, default replay), REPLAY_TRACES,
+# REPLAY_PHASES, REPLAY_REQUESTS; the GPU's clocks, power and temperature are sampled every 250 ms
+# into <name>/gpu_clocks.csv while it runs.
 #
 # .whl: simpy, pydantic and their dependencies as Python 3.12 wheels (the image lacks them).
 # .kbuild/site.tar.xz: flash_mla (and deep_gemm) built by vendor/build-on-gpu.sh for torch
@@ -57,6 +60,7 @@ if ! python3 -c "import flash_mla" >>"$OUT/log.txt" 2>&1; then
 fi
 
 P="python3 -m deepinfer_sim"
+ALL_TRACES=mooncake_conversation,azure_conv
 CAL="$P.cli calibrate --device cuda --kernels deepseek --quick --name h200-deepseek"
 for stage in "$@"; do
   case $stage in
@@ -77,10 +81,16 @@ for stage in "$@"; do
     replay)
       prof=${REPLAY_PROFILE:-$OUT/v41.yaml}; [ -f "$prof" ] || prof=h200-deepseek
       depth=(); [ "${ENGINE_DEPTH:-1}" != 1 ] && depth=(--depth "$ENGINE_DEPTH")
-      run 330 replay $P.calibration.replay --profile "$prof" --out /tmp/replay \
+      name=${REPLAY_NAME:-replay}
+      mkdir -p "/tmp/$name"
+      nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+        --format=csv -lms 250 > "/tmp/$name/gpu_clocks.csv" 2>/dev/null &
+      smi=$!
+      run 330 replay $P.calibration.replay --profile "$prof" --out "/tmp/$name" \
         --requests "${REPLAY_REQUESTS:-150}" --repeats 3 "${depth[@]}" \
-        --phases "${REPLAY_PHASES:-prefill,decode}"
-      tar -czf "$OUT/replay.tar.gz" -C /tmp replay ;;
+        --phases "${REPLAY_PHASES:-prefill,decode}" --traces "${REPLAY_TRACES:-$ALL_TRACES}"
+      kill "$smi" 2>/dev/null
+      tar -czf "$OUT/$name.tar.gz" -C /tmp "$name" ;;
     *) log "unknown stage $stage" ;;
   esac
 done

@@ -9,8 +9,10 @@ For each trace (a shipped ``builtin:`` trace; prompts capped at 8,192 tokens, ou
 engine runs a prefill-only replay (TTFT) and a decode-only replay (TPOT) ``repeats`` times each,
 after one unrecorded pass (graph captures, autotuning). With the deepseek kernels on a GPU its
 decode steps are CUDA-graph replays, so what is measured is the GPU's work plus the engine's own
-host time per step, not Python launch overhead. Arrival times are scaled so the predicted load
-is ``load``. The simulator replays the same request lists once (it is deterministic).
+host time per step, not Python launch overhead; its prefill-only steps are graphs too when the
+profile's engine model was timed with graphed prefill (``engine_prefill_graph_tokens``). Arrival
+times are scaled so the predicted load is ``load``. The simulator replays the same request
+lists once (it is deterministic).
 
 Writes, per trace, ``replay_<trace>_<phase>.csv`` (the request list and the measured seconds of
 every repeat: ``measured_s_0`` ...), ``replay_<trace>_<phase>_steps.csv`` (the engine's steps of
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -77,12 +80,20 @@ def predicted_busy(
 
 
 def build_engine(
-    frames: list[pd.DataFrame], mode: str, shape: ReplayShape, device: str, kernels: str
+    frames: list[pd.DataFrame],
+    mode: str,
+    shape: ReplayShape,
+    device: str,
+    kernels: str,
+    prefill_graph_tokens: int = 0,
 ) -> Any:
-    """One engine core for every replay of a mode (graphs captured once are reused)."""
+    """One engine core for every replay of a mode (graphs captured once are reused): decode
+    steps as CUDA graphs with the deepseek kernels on a GPU, prefill steps too where the
+    profile's engine model was timed that way (steps up to ``prefill_graph_tokens``)."""
     from ..kernels.engine import EngineCore
 
     spec = shape.stack()
+    graphs = kernels == "deepseek" and device.startswith("cuda")
     longest = max(int((f["prompt_len"] + f["output_len"]).max()) for f in frames)
     return EngineCore(
         spec,
@@ -98,7 +109,9 @@ def build_engine(
         decoder_replay_tokens=0,
         decode_buckets="single",
         backend=kernels,
-        graphs=kernels == "deepseek" and device.startswith("cuda") and mode == "decode_only",
+        graphs=graphs and mode == "decode_only",
+        prefill_graphs=graphs and prefill_graph_tokens > 0 and mode == "prefill_only",
+        prefill_graph_tokens=prefill_graph_tokens,
         seed=0,
     )
 
@@ -144,6 +157,7 @@ def replay(
         "kernels": kernels,
         "profile": profile.name,
         "shape": shape.__dict__,
+        "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "traces": {},
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -157,7 +171,14 @@ def replay(
         }
     for phase in phases:
         mode, sim = PHASES[phase]
-        engine = build_engine([f[phase] for f in frames.values()], mode, shape, device, kernels)
+        engine = build_engine(
+            [f[phase] for f in frames.values()],
+            mode,
+            shape,
+            device,
+            kernels,
+            prefill_graph_tokens=cost.coefs.engine_prefill_graph_tokens,
+        )
         for trace in traces:
             frame = frames[trace][phase]
             simulated = sim(frame, profile, shape)
@@ -166,6 +187,7 @@ def replay(
             # an unrecorded first pass: CUDA graphs, autotuning and allocator growth happen there
             engine.run(frame[["arrival_s", "prompt_len", "output_len"]].to_numpy())
             for r in range(repeats):
+                before = allocator_counts(device)
                 t0 = time.perf_counter()
                 res = engine.run(frame[["arrival_s", "prompt_len", "output_len"]].to_numpy())
                 wall = time.perf_counter() - t0
@@ -173,7 +195,14 @@ def replay(
                 table[f"measured_s_{r}"] = measured
                 if r == 0:
                     res.steps.to_csv(out / f"replay_{trace}_{phase}_steps.csv", index=False)
-                runs.append({"engine_wall_s": wall, **errors(measured, simulated)})
+                runs.append(
+                    {
+                        "engine_wall_s": wall,
+                        **errors(measured, simulated),
+                        "steps": step_times(res.steps),
+                        "allocator": counts_since(before, allocator_counts(device)),
+                    }
+                )
                 print(trace, phase, r, json.dumps(runs[-1]), flush=True)
             table.to_csv(out / f"replay_{trace}_{phase}.csv", index=False)
             report["traces"].setdefault(trace, {})[phase] = {
@@ -185,6 +214,39 @@ def replay(
         gc.collect()
         free_device_cache(device)
     return report
+
+
+ALLOCATOR_COUNTS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+
+
+def allocator_counts(device: str) -> dict[str, int]:
+    """The caching allocator's cumulative device mallocs, frees and retries (empty off CUDA):
+    a replay whose steps call cudaMalloc or cudaFree serializes host and GPU."""
+    if not device.startswith("cuda"):
+        return {}
+    import torch
+
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
+
+
+def counts_since(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def step_times(steps: pd.DataFrame) -> dict[str, float]:
+    """Medians over a replay's steps: wall, host issue and GPU seconds (NaN off CUDA); how many
+    steps ran as CUDA graphs, and how many of those were captured first (off the clock)."""
+    if steps.empty:
+        return {}
+    wall = steps["end_s"] - steps["start_s"]
+    return {
+        "wall_s_p50": float(wall.median()),
+        "issue_s_p50": float(steps["issue_s"].median()),
+        "gpu_s_p50": float(steps["gpu_s"].median()),
+        "graph_steps": int(steps["graph"].sum()),
+        "captured_steps": int(steps["captured"].sum()),
+    }
 
 
 def free_device_cache(device: str) -> None:

@@ -78,6 +78,8 @@ class Bench(Protocol):
     def kernel_versions(self) -> dict[str, str]: ...  # what the backend ran (after the sweep)
     @property
     def engine_graphs(self) -> bool: ...  # the engine core's decode steps are CUDA graphs
+    @property
+    def engine_prefill_graph_tokens(self) -> int: ...  # ... and prefill steps up to this size
 
     def prefill(self, kind: str, n: int, p: int) -> float: ...
     def decode(
@@ -447,6 +449,7 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
         graphed=bool(over),
         host_overhead_s=HostOverhead(**over),
         engine_graphs=bench.engine_graphs,
+        engine_prefill_graph_tokens=bench.engine_prefill_graph_tokens,
     )
     if m.engine and prefill and decode:
         stack = engine_stack(bench.spec, depth=m.engine_depth)
@@ -513,7 +516,8 @@ def fit_engine_overhead(
     """What the engine core's step costs beyond its kernels: residual = measured step − the
     eager kernel models of ``stack`` (the timed engine's layers), fitted (non-negative least
     squares) as a constant per step plus a cost per sequence plus a cost per token (prefill:
-    prompt tokens; decode: context tokens)."""
+    prompt tokens; decode: context tokens). Prefill steps the engine replayed as CUDA graphs
+    give a constant of their own (``fit_graphed_prefill``)."""
     from ..models.cost import PoolShape
     from ..models.profile_cost import ProfileStepCost
     from ..models.registry import load_hardware
@@ -526,6 +530,7 @@ def fit_engine_overhead(
         StepParams(comm_overlap=0.0, step_overhead_s=0.0),
         eager=True,
     )
+    graph_fit, rows = fit_graphed_prefill(coefs, hardware, rows, stack)
     fitted: dict[str, tuple[float, float, float]] = {}
     for phase in ("prefill", "decode"):
         sel = [r for r in rows if r[0] == phase]
@@ -549,6 +554,7 @@ def fit_engine_overhead(
     loop = fit_loop_gaps(rows)
     additive = EngineOverhead(
         **loop,
+        **graph_fit,
         prefill_step_s=fitted["prefill"][0],
         prefill_per_seq_s=fitted["prefill"][1],
         prefill_per_token_s=fitted["prefill"][2],
@@ -604,6 +610,33 @@ def fit_engine_overhead(
         )
         errs.append(float(np.mean(np.abs(steps / t_pre - 1))))
     return overlap if errs[1] < errs[0] else additive
+
+
+def fit_graphed_prefill(
+    coefs: HardwareCoefs, hardware: str, rows: list[EngineRow], stack: ModelSpec
+) -> tuple[dict[str, float], list[EngineRow]]:
+    """What a prefill step replayed as a CUDA graph costs beyond the graphed kernel models: a
+    constant (graph launch, the step's own host work) plus a cost per prompt, fitted (non-negative
+    least squares, relative) on the timed steps of at most ``engine_prefill_graph_tokens``
+    tokens; and the rows left for the eager fits."""
+    from ..models.cost import PoolShape
+    from ..models.profile_cost import ProfileStepCost
+    from ..models.registry import load_hardware
+
+    limit = coefs.engine_prefill_graph_tokens
+    graphed = [r for r in rows if r[0] == "prefill" and r[1] * r[2] <= limit]
+    if not graphed:
+        return {}, rows
+    gpu = ProfileStepCost(
+        stack, load_hardware(hardware), PoolShape(1, 0), coefs,
+        StepParams(comm_overlap=0.0, step_overhead_s=0.0),
+    )  # fmt: skip
+    t = np.array([r[4] for r in graphed])
+    resid = t - np.array([gpu.prefill_step([[(n, 0)] * b]) for _, b, n, _, _ in graphed])
+    F = np.array([(1.0, b) for _, b, _, _, _ in graphed], dtype=float)
+    x = lsq_linear(F / t[:, None], resid / t, bounds=(0, np.inf)).x
+    rest = [r for r in rows if not (r[0] == "prefill" and r[1] * r[2] <= limit)]
+    return {"prefill_graph_step_s": float(x[0]), "prefill_graph_per_seq_s": float(x[1])}, rest
 
 
 def fit_loop_gaps(rows: list[EngineRow]) -> dict[str, float]:

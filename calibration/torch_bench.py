@@ -21,6 +21,7 @@ decode plan (``block.plan_decode``) is host work done in the untimed reset.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 DETECT = {"H200": "h200", "H100": "h100", "H800": "h800", "B200": "b200", "GB200": "gb200"}
 
 
+# the engine core's prefill steps up to this size are CUDA graphs: every step of the replays
+# (whose prefill budget is 16,384 tokens) and of the calibration's timed engine steps
+PREFILL_GRAPH_TOKENS = 16384
 GRAPH_WORTH_S = 0.02  # calls longer than this are timed eagerly only
 
 
@@ -172,6 +176,13 @@ class TorchBench:
     def engine_graphs(self) -> bool:
         """The engine core replays decode as CUDA graphs (deepseek backend on a GPU)."""
         return self.cuda and self.kernels == "deepseek"
+
+    @property
+    def engine_prefill_graph_tokens(self) -> int:
+        """The engine core replays prefill-only steps of up to this many tokens as CUDA graphs
+        (0: none): an eager step of several prompts is host-bound well past 4,096 tokens (11
+        prompts, 9,723 tokens: 278 ms on the H200 at depth 4, 270 ms of it issuing launches)."""
+        return PREFILL_GRAPH_TOKENS if self.engine_graphs else 0
 
     @property
     def kernel_versions(self) -> dict[str, str]:
@@ -349,6 +360,17 @@ class TorchBench:
         ids, w = moe.uniform_routing(tokens, seed=tokens)
         return self._measure("moe", lambda: moe.forward_routed(x, ids, w))
 
+    def release_kernels(self) -> None:
+        """Drop the single-layer blocks, their pools (sized for the grid's longest prefixes and
+        contexts) and the expert sets the kernel sweep kept, and return their device memory."""
+        self._blocks.clear()
+        self._prefill_pools.clear()
+        self._decode_pools.clear()
+        self._moe.clear()
+        gc.collect()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
     def copy_bandwidth(self) -> float:
         torch = self.torch
         n = (1 << 30) if self.cuda else (1 << 24)
@@ -381,6 +403,7 @@ class TorchBench:
         from .sweep import engine_stack
 
         torch = self.torch
+        self.release_kernels()  # the engine stack's weights and graphs need the memory
         stack = engine_stack(self.spec, depth=depth)
         layers = stack_layers(stack)
         budget = max((b * n for b, n in prefill), default=1)
@@ -399,6 +422,8 @@ class TorchBench:
             decode_buckets="single",
             backend=self.kernels,
             graphs=self.engine_graphs,
+            prefill_graphs=self.engine_prefill_graph_tokens > 0,
+            prefill_graph_tokens=self.engine_prefill_graph_tokens,
             seed=5,
         )
         eng.warmup()

@@ -31,9 +31,17 @@ calibration target). Pieces:
   per step (the last token + v-1 drafts). Accepted drafts are drawn from a seeded generator
   (each draft accepted with ``accept_prob`` until the first rejection), the sequence advances by
   1 + accepted tokens and its caches are truncated back to that length.
+* **CUDA graphs** (deepseek backend on a GPU): ``graphs=True`` replays each decode-only step as
+  one graph; ``prefill_graphs=True`` replays each step of a prefill-only run of at most
+  ``prefill_graph_tokens`` tokens as one graph per tuple of prompt lengths, on staging slots
+  (``_prefill_graph``), so short prompts cost the GPU's work, not the host's launches — as
+  engines capture small prefill batches; longer steps, GPU-bound, run eagerly. A shape seen
+  for the first time is captured with the clock stopped (steps record ``graph`` and
+  ``captured``), as an engine captures its graphs before it serves.
 * **Time**: requests become visible when the wall clock since ``run`` started passes their
   arrival; an idle engine sleeps until the next arrival. Each step ends with a device
-  synchronize, and its host timestamps are recorded.
+  synchronize; its host timestamps, the host's time to issue it (``issue_s``) and its GPU time
+  (``gpu_s``, CUDA events; NaN on a CPU) are recorded.
 
 Inputs are random hidden vectors (no tokenizer, no sampling): prompt rows and decode rows are
 fresh ``randn`` embeddings each step. Per-step host work is per sequence at most (numpy
@@ -43,9 +51,10 @@ built once and shared by all layers.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -117,6 +126,29 @@ class _Step:
         return not self.prefill and not self.decode
 
 
+class StepTimer:
+    """The GPU time of one step (CUDA events around its launches; NaN off CUDA). With the
+    host's time to issue the step, it tells a host-bound step from a slow GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self._begin = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+
+    def begin(self) -> None:
+        if self.cuda:
+            self._begin.record()
+
+    def end(self) -> None:
+        if self.cuda:
+            self._end.record()
+
+    def seconds(self) -> float:
+        """After a synchronize: the GPU time between ``begin`` and ``end``."""
+        return self._begin.elapsed_time(self._end) / 1e3 if self.cuda else float("nan")
+
+
 class EngineCore:
     def __init__(
         self,
@@ -137,6 +169,8 @@ class EngineCore:
         decode_buckets: Literal["pow2", "single"] = "pow2",
         backend: str = "reference",
         graphs: bool = False,
+        prefill_graphs: bool = False,
+        prefill_graph_tokens: int = 4096,
         seed: int = 0,
         dtype: torch.dtype | None = None,
         max_tmp_bytes: int = 1 << 30,
@@ -187,9 +221,16 @@ class EngineCore:
         self._gen = generator(self.device, seed + 7)
         if graphs and (backend == "reference" or self.device.type != "cuda"):
             raise ValueError("CUDA-graph decode needs the deepseek backend on a CUDA device")
+        if prefill_graphs and (backend == "reference" or self.device.type != "cuda"):
+            raise ValueError("CUDA-graph prefill needs the deepseek backend on a CUDA device")
         self.graphs = graphs
+        self.prefill_graphs = prefill_graphs
+        self.prefill_graph_tokens = prefill_graph_tokens
         self._graphs: dict[Any, _Graph] = {}
-        self._graph_pool = torch.cuda.graph_pool_handle() if graphs else None
+        self._prefill_graphs: dict[tuple[int, ...], _Graph] = {}
+        self._staging: list[int] = []
+        self._prefill_graph_failed: set[tuple[int, ...]] = set()
+        self._graph_pool = torch.cuda.graph_pool_handle() if graphs or prefill_graphs else None
         self.config = {
             "layers": [list(lay) for lay in layers],
             "local_experts": shape.local_experts,
@@ -205,6 +246,8 @@ class EngineCore:
             "decode_buckets": decode_buckets,
             "backend": backend,
             "graphs": graphs,
+            "prefill_graphs": prefill_graphs,
+            "prefill_graph_tokens": prefill_graph_tokens,
             "device": str(self.device),
             "dtype": str(self.dtype),
             "seed": seed,
@@ -234,16 +277,30 @@ class EngineCore:
         Public so the calibration can time a step of a chosen shape directly (after
         ``fill_random`` on the pools via ``fill(slot, tokens)``).
         """
-        dev, d = self.device, self.shape.hidden
-        segs = [(s, n) for s, n, _ in prefill]
-        n_pre = sum(n for _, n in segs)
         plans = self._plans(decode_slots, v) if len(decode_slots) else None
-        if plans is not None and not segs and self.graphs:
+        if plans is not None and not prefill and self.graphs:
             self._graphed_decode(np.asarray(decode_slots, dtype=np.int64), v, plans)
             return
         n_dec = len(decode_slots) * v
-        # decoder layers: bounded replay of finishing prompts + the decode rows
+        segs, replay, rows = self._prefill_rows(prefill, n_dec)
+        dec_rows = to_device(rows, self.device) if rows.size else None
+        x = self._inputs(sum(n for _, n in segs) + n_dec)
+        self._forward(x, segs, replay, dec_rows, plans)
+
+    def _inputs(self, rows: int) -> torch.Tensor:
+        return torch.randn(
+            (rows, self.shape.hidden), generator=self._gen, device=self.device, dtype=torch.float32
+        ).to(self.dtype)
+
+    def _prefill_rows(
+        self, prefill: Sequence[tuple[int, int, bool]], n_dec: int
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], np.ndarray]:
+        """Host side of a step: the prefill segments, the decoder layers' bounded-replay segments
+        of finishing prompts (their caches before the replay set, not computed) and the rows of
+        the step's input that run through the decoder layers (replay rows, then decode rows)."""
         enc_pool = next((lay.pool for lay in self.layers if lay.in_prefill), self.layers[0].pool)
+        segs = [(s, n) for s, n, _ in prefill]
+        n_pre = sum(n for _, n in segs)
         replay: list[tuple[int, int]] = []
         rows: list[np.ndarray] = []
         start = 0
@@ -259,12 +316,16 @@ class EngineCore:
                     rows.append(np.arange(start + n - r, start + n))
             start += n
         rows.append(np.arange(n_pre, n_pre + n_dec))
-        dec_rows_np = np.concatenate(rows)
-        dec_rows = to_device(dec_rows_np, dev) if dec_rows_np.size else None
+        return segs, replay, np.concatenate(rows)
 
-        x = torch.randn(
-            (n_pre + n_dec, d), generator=self._gen, device=dev, dtype=torch.float32
-        ).to(self.dtype)
+    def _forward(
+        self,
+        x: torch.Tensor,
+        segs: list[tuple[int, int]],
+        replay: list[tuple[int, int]],
+        dec_rows: torch.Tensor | None,
+        plans: list[Any] | None,
+    ) -> None:
         for i, lay in enumerate(self.layers):
             plan = plans[i] if plans is not None else None
             if lay.in_prefill:
@@ -278,6 +339,83 @@ class EngineCore:
                     xs, lay.pool, prefill=replay, decode=plan, return_ffn_input=True
                 )
                 x.index_copy_(0, dec_rows, y + lay.moe(z))
+
+    # ---- prefill-only steps as CUDA graphs -------------------------------------------------------
+    def _prefill_graph(self, prompts: Sequence[int]) -> _Graph | None:
+        """The CUDA graph of a prefill-only step of whole prompts (these lengths), captured once
+        per tuple of lengths on *staging* slots: the step's KV lands there, as it would in a
+        prefill engine that hands it off — a request of a prefill-only replay leaves when its
+        prompt is done, so no later step reads its own slot. None (run it eagerly) when the
+        pools have no room for the staging slots or this shape's capture failed."""
+        key = tuple(int(n) for n in prompts)
+        graph = self._prefill_graphs.get(key)
+        if graph is not None or key in self._prefill_graph_failed:
+            return graph
+        stage = self._staging_slots(len(key))
+        if stage is None:
+            return None
+        try:
+            graph = self._capture_prefill(stage[: len(key)], key)
+        except RuntimeError as exc:  # capture is best effort: this shape runs eagerly
+            self._prefill_graph_failed.add(key)
+            print(f"prefill graph capture failed for {key}: {exc}", file=sys.stderr)
+            return None
+        self._prefill_graphs[key] = graph
+        return graph
+
+    def _replay_prefill(self, graph: _Graph, prompts: Sequence[int]) -> None:
+        key = tuple(int(n) for n in prompts)
+        self._stage_prefill(self._staging[: len(key)], key)
+        graph.cuda_graph.replay()
+
+    def _staging_slots(self, count: int) -> list[int] | None:
+        missing = count - len(self._staging)
+        if missing > int((~self.layers[0].pool.in_use).sum()):
+            return None
+        self._staging += [self.alloc_slot() for _ in range(max(0, missing))]
+        return self._staging
+
+    def _stage_prefill(
+        self, stage: Sequence[int], prompts: tuple[int, ...]
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], np.ndarray]:
+        """Empty the staging slots, then the host side of the step on them (as ``execute``)."""
+        for lay in self.layers:
+            lay.pool.lengths[list(stage)] = 0
+        return self._prefill_rows([(s, n, True) for s, n in zip(stage, prompts, strict=True)], 0)
+
+    def _capture_prefill(self, stage: Sequence[int], prompts: tuple[int, ...]) -> _Graph:
+        segs, replay, rows = self._stage_prefill(stage, prompts)
+        dec_rows = to_device(rows, self.device) if rows.size else None
+        x = self._inputs(sum(prompts))
+
+        def body() -> None:
+            self._forward(x, segs, replay, dec_rows, None)
+
+        g = self._record(body, lambda: self._stage_prefill(stage, prompts))
+        return _Graph(g, [dec_rows], x)  # the graph reads x and the row index: keep them alive
+
+    def _record(
+        self,
+        body: Callable[[], None],
+        reset: Callable[[], None],
+        before_capture: Callable[[], None] | None = None,
+    ) -> Any:
+        """Capture ``body`` into a CUDA graph after one warm-up run on a side stream (handles,
+        autotuning); ``reset`` restores the host state ``body`` changes, before the capture and
+        after it."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            body()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        reset()
+        if before_capture is not None:
+            before_capture()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self._graph_pool):
+            body()
+        reset()
+        return g
 
     def _plans(self, slots: Sequence[int] | np.ndarray, v: int) -> list[Any]:
         """Each layer's decode plan; layers share the device tensors of the first one."""
@@ -316,21 +454,12 @@ class EngineCore:
             for lay, saved in zip(self.layers, lengths, strict=True):
                 lay.pool.lengths[:] = saved
 
-        x = torch.randn((rows, self.shape.hidden), generator=self._gen, device=self.device).to(
-            self.dtype
-        )
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self._decode_layers(x, plans)  # warm-up outside the graph (handles, autotuning)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        restore()
-        for plan in plans:  # per-step state (FlashMLA's scheduler metadata) recomputed in-graph
-            getattr(plan, "sched", {}).clear()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._graph_pool):
-            self._decode_layers(x, plans)
-        restore()
+        def fresh_plans() -> None:  # per-step state (FlashMLA's scheduler metadata): in-graph
+            for plan in plans:
+                getattr(plan, "sched", {}).clear()
+
+        x = self._inputs(rows)
+        g = self._record(lambda: self._decode_layers(x, plans), restore, fresh_plans)
         return _Graph(g, plans, x)
 
     def fill(self, slot: int, tokens: int) -> None:
@@ -388,10 +517,13 @@ class EngineCore:
         ptr = 0
         n_done = 0
         cap = min(self.max_seqs, self.max_decode_batch)
+        gpu_timer = StepTimer(self.device)
+        graphed_prefill = self.prefill_graphs and self.mode == "prefill_only"  # whole prompts
         t0 = time.perf_counter()
+        paused = 0.0  # graph captures: the clock stops while they run
 
         def clock() -> float:
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0 - paused
 
         def finish(r: int, t: float) -> None:
             nonlocal n_done
@@ -456,8 +588,22 @@ class EngineCore:
             segs = [(int(slot[r]), n, s0 + n == prompt[r]) for r, s0, n in step.prefill]
             dec_slots = slot[step.decode] if step.decode else np.zeros(0, np.int64)
             dec_kv = int(self.layers[0].pool.lengths[dec_slots].sum()) if step.decode else 0
+            lengths = [n for _, n, _ in segs]
+            graph = None
+            captures = len(self._prefill_graphs)
+            if graphed_prefill and sum(lengths) <= self.prefill_graph_tokens:
+                # captured off the clock, as an engine captures its graphs before serving
+                c0 = time.perf_counter()
+                graph = self._prefill_graph(lengths)
+                paused += time.perf_counter() - c0
             start = clock()
-            self.execute(segs, dec_slots, v)
+            gpu_timer.begin()
+            if graph is not None:
+                self._replay_prefill(graph, lengths)
+            else:
+                self.execute(segs, dec_slots, v)
+            issued = clock()
+            gpu_timer.end()
             synchronize(self.device)
             end = clock()
 
@@ -499,6 +645,10 @@ class EngineCore:
                     "step": float(len(steps)),
                     "start_s": start,
                     "end_s": end,
+                    "issue_s": issued - start,
+                    "gpu_s": gpu_timer.seconds(),
+                    "graph": float(graph is not None),
+                    "captured": float(len(self._prefill_graphs) > captures),
                     "prefill_tokens": float(n_pre),
                     "prefill_seqs": float(len(step.prefill)),
                     "decode_seqs": float(len(step.decode)),

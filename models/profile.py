@@ -191,6 +191,12 @@ class EngineOverhead(FrozenModel):
     decode_loop_s: float = Field(0.0, ge=0)
     decode_loop_per_seq_s: float = Field(0.0, ge=0)
     prefill_loop_s: float = Field(0.0, ge=0)
+    # a prefill step replayed as a CUDA graph (HardwareCoefs.engine_prefill_graph_tokens): the
+    # graphed kernel models plus a constant (graph launch, the step's host bookkeeping) plus a
+    # cost per prompt (each prompt's own attention calls, whose fixed GPU cost a one-prompt
+    # kernel fit counts once)
+    prefill_graph_step_s: float = Field(0.0, ge=0)
+    prefill_graph_per_seq_s: float = Field(0.0, ge=0)
     # layers per layer group of the timed engine stack (calibration.sweep.engine_stack); the
     # replay check runs the engine at this depth
     stack_depth: int = Field(1, ge=1)
@@ -210,7 +216,13 @@ class HardwareCoefs(FrozenModel):
     engine_graphs: bool = Field(
         False,
         description="the timed engine core replayed its decode steps as CUDA graphs (no "
-        "per-layer launch gaps in decode; prefill still eager)",
+        "per-layer launch gaps in decode)",
+    )
+    engine_prefill_graph_tokens: int = Field(
+        0,
+        ge=0,
+        description="... and its prefill-only steps of at most this many tokens (no launch gaps "
+        "there; 0: every prefill step eager, its host launches in the engine model)",
     )
 
 

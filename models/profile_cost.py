@@ -15,7 +15,9 @@ once, at construction, into a handful of coefficients, so every call on the hot 
 Fits are CUDA-graph replays where capture worked (the GPU's own time: production engines graph
 their decode step and run prefill at sizes where launches hide behind the GPU);
 ``eager=True`` adds the measured per-layer launch overhead back, for comparing with an eager
-engine such as ``kernels/engine.py``.
+engine such as ``kernels/engine.py``, except in the phases that engine replayed as CUDA graphs
+(``engine_graphs``: decode; ``engine_prefill_graph_tokens``: prefill steps up to that size,
+costed as the graphed kernel models plus the engine's ``prefill_graph_step_s``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,16 @@ class ProfileStepCost(StepCost):
             else None
         )
         self.prefill_loop_s = eng.prefill_loop_s if eager else 0.0
+        # the engine's prefill steps up to this size are CUDA graphs: the graphed kernel models
+        # (no launch gaps, no host overlap) plus a constant per step
+        self._graph_tokens = coefs.engine_prefill_graph_tokens if eager else 0
+        self._graphed: ProfileStepCost | None = (
+            ProfileStepCost(model, hw, shape, coefs, step, profile_name)
+            if self._graph_tokens
+            else None
+        )
+        self._graph_step_s = eng.prefill_graph_step_s
+        self._graph_seq_s = eng.prefill_graph_per_seq_s
 
         def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
@@ -89,6 +101,7 @@ class ProfileStepCost(StepCost):
                 E += g.count * c.e
             return A, B, C, D, E
 
+        # an engine that replays its prefill steps as CUDA graphs pays no launch gaps there
         pre_host = 0.0 if overlap else host.prefill
         self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], pre_host)
         replay_groups = [g for g in model.layer_groups if not g.in_prefill]
@@ -159,6 +172,10 @@ class ProfileStepCost(StepCost):
         imbalance: float = 1.0,
         replay: Sequence[Sequence[Chunk]] = (),
     ) -> float:
+        graphed = self._graphed  # replay rows are rows of the prompts: not counted twice
+        if graphed is not None and sum(n for c in ranks for n, _ in c) <= self._graph_tokens:
+            t = graphed.prefill_step(ranks, imbalance, replay) + self.prefill_loop_s
+            return t + self._graph_step_s + self._graph_seq_s * sum(len(c) for c in ranks)
         t = super().prefill_step(ranks, imbalance, replay)
         if self._pre_host is None:
             return t

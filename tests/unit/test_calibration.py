@@ -236,6 +236,45 @@ def make_profile(dtypes: Dtypes | None = None, name: str = "test-measured") -> P
     )
 
 
+def test_graphed_engine_prefill_is_the_gpu_model_plus_a_fitted_constant():
+    """A profile whose engine core replayed prefill steps of up to 4,096 tokens as CUDA graphs:
+    the engine's StepCost prices such a step as the graphed kernel models plus the fitted
+    constant and cost per prompt (no launch gaps), and a longer step with the eager model; the
+    fit recovers both from timed graphed steps and fits the eager form on the others."""
+    from deepinfer_sim.calibration.sweep import fit_engine_overhead
+    from deepinfer_sim.models.cost import StepParams
+    from deepinfer_sim.models.profile import HostOverhead
+
+    model = load_model(FLASH)
+    hw = load_hardware("h200")
+    step = StepParams(comm_overlap=0.0, step_overhead_s=0.0)
+    coefs = make_coefs().model_copy(
+        update={"host_overhead_s": HostOverhead(prefill=3e-4), "engine_prefill_graph_tokens": 4096}
+    )
+    gpu = ProfileStepCost(model, hw, PoolShape(1, 0), coefs, step)
+    rows = []
+    for b, n in ((1, 128), (2, 512), (4, 1024), (1, 4096), (2, 4096), (1, 8192), (2, 8192)):
+        t = gpu.prefill_step([[(n, 0)] * b])
+        if b * n <= 4096:
+            t += 1.5e-3 + 1e-3 * b  # graph launch + the step's host work + per prompt
+        else:
+            t += model.prefill_layers * 3e-4 + 2e-3 + 1e-3 * b  # eager: launch gaps + host
+        rows.append(("prefill", b, n, 0, t))
+    eng = fit_engine_overhead(coefs, "h200", rows, model)
+    assert eng.prefill_graph_step_s == pytest.approx(1.5e-3, rel=1e-6)
+    assert eng.prefill_graph_per_seq_s == pytest.approx(1e-3, rel=1e-6)
+    fitted = coefs.model_copy(update={"engine_overhead": eng})
+    engine = ProfileStepCost(model, hw, PoolShape(1, 0), fitted, step, eager=True)
+    small = [[(1024, 0)] * 2]
+    assert engine.prefill_step(small) == pytest.approx(gpu.prefill_step(small) + 3.5e-3)
+    for _, b, n, _, t in rows[-3:]:  # the eager steps: within the eager model's fit
+        assert engine.prefill_step([[(n, 0)] * b]) == pytest.approx(t, rel=0.05)
+    eager_only = coefs.model_copy(update={"engine_prefill_graph_tokens": 0})
+    plain = ProfileStepCost(model, hw, PoolShape(1, 0), eager_only, step, eager=True)
+    gaps = model.prefill_layers * 3e-4
+    assert plain.prefill_step(small) == pytest.approx(gpu.prefill_step(small) + gaps)
+
+
 def test_profile_cost_composes_layers_of_the_model():
     """V4.1-Flash prefill runs its 5 CSA + 15 HCA encoder layers: the step is the sum of 20
     per-layer fits; decode adds the 20 decoder (CSA) layers, each with its own row tile."""
@@ -473,6 +512,7 @@ class SyntheticBench:
     kinds = ("csa", "hca")
     kernels = "synthetic"
     engine_graphs = False
+    engine_prefill_graph_tokens = 0
     kernel_versions: ClassVar[dict[str, str]] = {"clock": "numpy"}
     software: ClassVar[dict[str, str]] = {"torch": "n/a", "cuda": "n/a"}
 

@@ -214,6 +214,8 @@ def test_replay_writes_what_the_cpu_recheck_reads(calibrated, tmp_path):
         run = report["traces"]["mooncake_conversation"][phase]["runs"][1]
         assert got["simulated_p50_s"] == pytest.approx(run["simulated_p50_s"])
         assert got["abs_rel_err_p90"] == pytest.approx(run["abs_rel_err_p90"])
+        assert run["allocator"] == {}  # CUDA allocator counts: none on a CPU
+        assert 0 < run["steps"]["issue_s_p50"] <= run["steps"]["wall_s_p50"]
     assert (tmp_path / "replay_report.json").is_file()
 
 

@@ -108,6 +108,69 @@ def test_decode_only_admits_prompts_already_in_cache() -> None:
     assert s["decode_kv_tokens"].iloc[0] >= 30 + 50  # the first batch holds those prompts
 
 
+def test_steps_record_issue_time_and_no_gpu_time_on_the_cpu() -> None:
+    """Each step records the host's time to issue it, within its wall time; its GPU time comes
+    from CUDA events, so on a CPU it is NaN rather than a made-up number."""
+    s = run(mode="prefill_only", prefill_token_budget=40).steps
+    wall = s["end_s"] - s["start_s"]
+    assert (s["issue_s"] > 0).all() and (s["issue_s"] <= wall).all()
+    assert s["gpu_s"].isna().all()
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: a replay runs the captured body again."""
+
+    def __init__(self, body: Any) -> None:
+        self.replay = body
+
+
+def test_graphed_prefill_runs_each_step_on_staging_slots() -> None:
+    """Prefill-only steps as graphs (CPU stand-in: the body re-run): one capture per tuple of
+    prompt lengths (its step marked), on staging slots kept across steps and runs; the steps
+    are those of the eager engine; a step whose staging slots do not fit the pools, or whose
+    capture fails, runs eagerly."""
+    reqs = [(0.0, 30, 2), (0.0, 7, 2), (0.0, 30, 2), (0.0, 7, 2), (0.0, 12, 2), (0.0, 9, 2)]
+    eager = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=8).run(reqs)
+    eng = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=8)
+    captured: list[Any] = []
+
+    def record(body: Any, reset: Any, before: Any = None) -> _EagerGraph:
+        body()
+        reset()
+        captured.append(body)
+        return _EagerGraph(body)
+
+    eng.prefill_graphs = True
+    eng._record = record  # type: ignore[method-assign]
+    res = eng.run(reqs)
+    cols = ["prefill_tokens", "prefill_seqs"]
+    assert res.steps[cols].equals(eager.steps[cols])  # [30, 7] twice, then [12, 9]
+    assert len(captured) == 2 and sorted(eng._prefill_graphs) == [(12, 9), (30, 7)]
+    assert list(res.steps["graph"]) == [1, 1, 1] and list(res.steps["captured"]) == [1, 0, 1]
+    assert len(eng._staging) == 2
+    pool = eng.layers[0].pool
+    assert pool.in_use.sum() == 2 and pool.in_use[eng._staging].all()  # requests' slots freed
+    again = eng.run(reqs)
+    assert len(captured) == 2 and again.steps["captured"].sum() == 0  # replays only
+    tight = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=3)
+    tight.prefill_graphs = True
+    tight._record = record  # type: ignore[method-assign]
+    check_complete(tight.run(reqs[:2]), reqs[:2])  # 2 requests + 2 staging > 3 slots
+    assert tight._prefill_graphs == {}
+
+    def fail(body: Any, reset: Any, before: Any = None) -> _EagerGraph:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    broken = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=8)
+    broken.prefill_graphs = True
+    broken._record = fail  # type: ignore[method-assign]
+    out = broken.run(reqs)  # a failed capture runs that step eagerly, and the shape from then on
+    assert out.steps[cols].equals(eager.steps[cols]) and broken._prefill_graph_failed
+    assert out.steps["graph"].sum() == 0
+    with pytest.raises(ValueError, match="CUDA-graph prefill"):
+        engine(prefill_graphs=True)
+
+
 def test_step_sequence_is_deterministic() -> None:
     """A fixed request list (all arrived) and seed give the same steps, token for token."""
     cols = ["prefill_tokens", "prefill_seqs", "decode_seqs", "decode_tokens", "kv_tokens"]
