@@ -19,6 +19,7 @@ prefill a         weight reads, launches                            mem × dense
 prefill b         dense GEMMs per token                             dense
 prefill c, d      indexer and attention (n·p, n²)                   attn
 prefill e         per chunk, the prefix's cached entries (p)        mem × kv_bytes
+prefill f         per chunk with a prefix: its extra kernels        mem × dense_bytes (as a)
 decode a          launches, sync (not hardware-bound)               kept
 decode w          weight reads (the GEMMs' floor)                   mem × dense_bytes
 decode b, tile    dense GEMM rows (T, rounded up to the tile)       dense; tile kept
@@ -114,6 +115,7 @@ def scale_coefs(base: HardwareCoefs, r: Ratios) -> HardwareCoefs:
                 "c": c.c * r.attn,
                 "d": c.d * r.attn,
                 "e": c.e * cache,
+                "f": c.f * weights,
             }
         )
         for k, c in base.prefill.items()

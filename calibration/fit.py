@@ -22,6 +22,7 @@ form — so a profile without ``tile`` keys predicts what it always did.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
@@ -75,16 +76,35 @@ def group_kfold(keys: np.ndarray, k: int = 5, seed: int = 0) -> list[np.ndarray]
     return [np.flatnonzero(np.isin(group, g)) for g in kfold(int(group.max()) + 1, k, seed)]
 
 
-# ---- prefill: t = a + b n + c n p + d n^2 + e p ------------------------------------------------
+# ---- prefill: t = a + b n + c n p + d n^2 + e p (+ f [p > 0]) ----------------------------------
 
 
-def prefill_features(X: np.ndarray) -> np.ndarray:
+def prefill_features(X: np.ndarray, prefix_cost: bool = True) -> np.ndarray:
     n, p = X[:, 0], X[:, 1]
-    return np.stack([np.ones_like(n), n, n * p, n * n, p], axis=1)
+    cols = [np.ones_like(n), n, n * p, n * n, p]
+    if prefix_cost:
+        cols.append((p > 0).astype(float))
+    return np.stack(cols, axis=1)
 
 
 def prefill_model(coef: PrefillCoef, X: np.ndarray) -> np.ndarray:
-    return prefill_features(X) @ np.array([coef.a, coef.b, coef.c, coef.d, coef.e])
+    x = np.array([coef.a, coef.b, coef.c, coef.d, coef.e, coef.f])
+    return prefill_features(X) @ x
+
+
+def _fit_prefill_form(X: np.ndarray, t: np.ndarray, prefix_cost: bool) -> np.ndarray:
+    """Non-negative least squares in relative error; the coefficients (a, b, c, d, e, f)."""
+    F = prefill_features(X, prefix_cost)
+    w = 1.0 / t
+    scale = np.abs(F).max(axis=0)
+    scale[scale == 0] = 1.0
+    res = lsq_linear((F / scale) * w[:, None], np.ones_like(w), bounds=(0, np.inf))
+    x = res.x / scale
+    return x if prefix_cost else np.append(x, 0.0)
+
+
+PrefillForm = Literal["smooth", "prefix"]
+PREFILL_FORMS: tuple[PrefillForm, ...] = ("smooth",)  # what calibrate and refit.py fit
 
 
 def fit_prefill(
@@ -92,16 +112,30 @@ def fit_prefill(
     t: np.ndarray,
     X_off: np.ndarray | None = None,
     t_off: np.ndarray | None = None,
+    folds: int = 5,
+    forms: tuple[PrefillForm, ...] = PREFILL_FORMS,
 ) -> tuple[PrefillCoef, FitError]:
     """X columns: (n new tokens, p computed prefix); t seconds. Non-negative least squares in
-    relative error."""
-    F = prefill_features(X)
-    w = 1.0 / t
-    scale = np.abs(F).max(axis=0)
-    scale[scale == 0] = 1.0
-    res = lsq_linear((F / scale) * w[:, None], np.ones_like(w), bounds=(0, np.inf))
-    a, b, c, d, e = (float(v) for v in res.x / scale)
-    coef = PrefillCoef(a=a, b=b, c=c, d=d, e=e)
+    relative error, of each form in ``forms`` — ``smooth`` (f = 0) and ``prefix``, with ``f``
+    the fixed cost of a chunk that has a prefix (kernels only such a chunk runs: reading back
+    its window and compressed entries, scoring them) — the one with the lowest k-fold
+    cross-validated MAPE on the training grid, refitted on all of it."""
+    if not forms or set(forms) - {"smooth", "prefix"}:
+        raise ValueError(f"prefill forms must be smooth and/or prefix, got {forms}")
+    best: tuple[float, bool] | None = None
+    parts = kfold(len(t), folds)
+    for prefix_cost in sorted({f == "prefix" for f in forms}):
+        errs = []
+        for held in parts:
+            train = np.setdiff1d(np.arange(len(t)), held)
+            x = _fit_prefill_form(X[train], t[train], prefix_cost)
+            errs.append(ape(prefill_features(X[held]) @ x, t[held]))
+        cv = float(np.concatenate(errs).mean())
+        if best is None or cv < best[0] * (1 - 1e-6):
+            best = (cv, prefix_cost)
+    assert best is not None
+    a, b, c, d, e, f = (float(v) for v in _fit_prefill_form(X, t, best[1]))
+    coef = PrefillCoef(a=a, b=b, c=c, d=d, e=e, f=f)
     return coef, score(lambda Xq: prefill_model(coef, Xq), X, t, X_off, t_off)
 
 

@@ -1,10 +1,13 @@
 """Re-fit a measured profile from the raw measurements it keeps.
 
-    python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels] [--a2a-from PROFILE]
+    python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels
+        [--prefill-forms smooth,prefix]] [--a2a-from PROFILE]
 
 A profile keeps its raw measurements, so a better fit form needs no new GPU time. With
 ``--kernels`` the kernel fits (prefill and decode per attention kind, routed experts) are re-fitted
-from ``raw`` by the calibration's own code (``sweep.fit_kernels``), with their errors. Then, always,
+from ``raw`` by the calibration's own code (``sweep.fit_kernels``), with their errors;
+``--prefill-forms smooth,prefix`` lets cross-validation also try the prefill form with a fixed
+cost per chunk that has a prefix (``fit.fit_prefill``; not the default yet). Then, always,
 ``sweep.fit_engine_overhead`` (the engine core's host time per step, the replay loop's gaps, and
 the choice between the additive and the overlapping eager-prefill forms) re-runs on every
 model's stored ``raw.engine`` rows against that model's kernel fits. The profile is written back
@@ -19,9 +22,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast, get_args
 
 from ..models.profile import EngineOverhead, Profile, load_profile, write_profile
 from ..models.registry import load_model
+from .fit import PREFILL_FORMS, PrefillForm
 from .sweep import engine_stack, fit_engine_overhead, fit_kernels, measurements_of
 
 
@@ -36,15 +41,18 @@ def _noted(profile: Profile, models: dict, note: str) -> Profile:
     )
 
 
-def refit_kernels(profile: Profile) -> Profile:
+def refit_kernels(
+    profile: Profile, prefill_forms: tuple[PrefillForm, ...] = PREFILL_FORMS
+) -> Profile:
     """Every model's kernel fits and fit errors re-fitted from its raw grid and off-grid points
-    (all else — all-to-all, vision, host overheads — kept)."""
+    (all else — all-to-all, vision, host overheads — kept); ``prefill_forms``: the prefill forms
+    to choose from (``fit.fit_prefill``)."""
     if profile.provenance.kind != "measured":
         raise ValueError("only a measured profile has raw kernel measurements to re-fit")
     models = {}
     for name, fits in profile.models.items():
         prefill, decode, moe, errors = fit_kernels(
-            measurements_of(fits.raw), load_model(name).moe.top_k
+            measurements_of(fits.raw), load_model(name).moe.top_k, prefill_forms
         )
         hardware = {
             hw: c.model_copy(update={"prefill": prefill, "decode": decode, "moe": moe})
@@ -108,19 +116,31 @@ def main(argv: list[str] | None = None) -> int:
         i = args.index("--a2a-from")
         a2a = args[i + 1]
         del args[i : i + 2]
+    forms: tuple[PrefillForm, ...] = PREFILL_FORMS
+    if "--prefill-forms" in args:
+        i = args.index("--prefill-forms")
+        names = tuple(args[i + 1].split(","))
+        del args[i : i + 2]
+        if not names or set(names) - set(get_args(PrefillForm)):
+            print(
+                f"error: --prefill-forms: choose from smooth, prefix (got {','.join(names)})",
+                file=sys.stderr,
+            )
+            return 2
+        forms = cast("tuple[PrefillForm, ...]", names)
     kernels = "--kernels" in args
     if kernels:
         args.remove("--kernels")
     if len(args) != 2:
         print(
-            "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels]"
-            " [--a2a-from P]",
+            "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels"
+            " [--prefill-forms smooth,prefix]] [--a2a-from P]",
             file=sys.stderr,
         )
         return 2
     profile = load_profile(args[0])
     if kernels:
-        profile = refit_kernels(profile)
+        profile = refit_kernels(profile, forms)
     profile = refit_engine(profile)
     if a2a:
         profile = carry_a2a(profile, load_profile(a2a))

@@ -52,7 +52,14 @@ from ..models.profile import (
     Provenance,
     Widths,
 )
-from .fit import fit_decode, fit_linear_latency, fit_moe, fit_prefill
+from .fit import (
+    PREFILL_FORMS,
+    PrefillForm,
+    fit_decode,
+    fit_linear_latency,
+    fit_moe,
+    fit_prefill,
+)
 
 if TYPE_CHECKING:
     from ..models.spec import ModelSpec
@@ -359,11 +366,12 @@ def _arr(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
 
 
 def fit_kernels(
-    m: Measurements, top_k: int
+    m: Measurements, top_k: int, prefill_forms: tuple[PrefillForm, ...] = PREFILL_FORMS
 ) -> tuple[dict[str, PrefillCoef], dict[str, DecodeCoef], MoeCoef, dict[str, FitError]]:
     """Every kernel fit (prefill and decode per attention kind, the routed experts) of the
     grid measurements in ``m``, scored on its off-grid ones. ``top_k``: the model's routed
-    experts per token (a timed MoE call of T tokens over E experts routes T·min(top_k, E))."""
+    experts per token (a timed MoE call of T tokens over E experts routes T·min(top_k, E));
+    ``prefill_forms``: the prefill forms cross-validation chooses from (``fit_prefill``)."""
     fits: dict[str, FitError] = {}
     prefill, decode = {}, {}
     for kind, rows in m.prefill.items():
@@ -371,7 +379,7 @@ def fit_kernels(
             continue
         arr, oarr = _arr(rows, 3), _arr(m.prefill_off.get(kind, []), 3)
         prefill[kind], fits[f"prefill.{kind}"] = fit_prefill(
-            arr[:, :2], arr[:, 2], oarr[:, :2], oarr[:, 2]
+            arr[:, :2], arr[:, 2], oarr[:, :2], oarr[:, 2], forms=prefill_forms
         )
     for kind, drows in m.decode.items():
         if len(drows) < 7:

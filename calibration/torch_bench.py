@@ -323,17 +323,11 @@ class TorchBench:
         torch = self.torch
         if not self.cuda or not self.use_graphs:
             return None
+        from ..kernels._util import capture_graph
+
         try:
             reset()
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            reset()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
+            graph = capture_graph(self.device, fn, reset)
         except Exception as exc:  # capture is best effort: fall back to eager timing
             self.graph_failures += 1
             if self.graph_failures <= 3:

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,6 +73,31 @@ def grouped_mm_supported(device: torch.device) -> bool:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def capture_graph(
+    device: torch.device,
+    body: Callable[[], object],
+    reset: Callable[[], object],
+    pool: Any = None,
+    before_capture: Callable[[], object] | None = None,
+) -> torch.cuda.CUDAGraph:
+    """``body`` captured into a CUDA graph after one warm-up run on a side stream (handles,
+    autotuning, lazy allocations); ``reset`` restores the host state ``body`` changes, after the
+    warm-up and after the capture; ``pool``: a memory pool shared with other graphs."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream(device).wait_stream(side)
+    reset()
+    if before_capture is not None:
+        before_capture()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        body()
+    reset()
+    return g
 
 
 def generator(device: torch.device, seed: int) -> torch.Generator:

@@ -63,7 +63,7 @@ import pandas as pd
 import torch
 
 from ..models.spec import ModelSpec
-from ._util import as_device, default_dtype, generator, synchronize, to_device
+from ._util import as_device, capture_graph, default_dtype, generator, synchronize, to_device
 from .attention import AttentionBlock, DecodePlan
 from .backend import get_backend
 from .cache import KVPool
@@ -396,26 +396,12 @@ class EngineCore:
 
     def _record(
         self,
-        body: Callable[[], None],
-        reset: Callable[[], None],
-        before_capture: Callable[[], None] | None = None,
+        body: Callable[[], object],
+        reset: Callable[[], object],
+        before_capture: Callable[[], object] | None = None,
     ) -> Any:
-        """Capture ``body`` into a CUDA graph after one warm-up run on a side stream (handles,
-        autotuning); ``reset`` restores the host state ``body`` changes, before the capture and
-        after it."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            body()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        reset()
-        if before_capture is not None:
-            before_capture()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self._graph_pool):
-            body()
-        reset()
-        return g
+        """``body`` as a CUDA graph in the engine's shared pool (``capture_graph``)."""
+        return capture_graph(self.device, body, reset, self._graph_pool, before_capture)
 
     def _plans(self, slots: Sequence[int] | np.ndarray, v: int) -> list[Any]:
         """Each layer's decode plan; layers share the device tensors of the first one."""

@@ -76,6 +76,9 @@ class PrefillCoef(FrozenModel):
     c: float
     d: float
     e: float = Field(0.0, ge=0, description="per chunk per prefix token (independent of n)")
+    f: float = Field(
+        0.0, ge=0, description="per chunk that has a prefix (the prefix-only kernels' fixed cost)"
+    )
 
 
 def gemm_cost(tokens: np.ndarray, b: float, tile: int, steps: np.ndarray) -> np.ndarray:

@@ -5,7 +5,8 @@ all-to-all models (see ``models/profile.py``); this class takes one model's coef
 one hardware (``Profile.coefs(model, hw)``) and composes them over the model's layer counts
 once, at construction, into a handful of coefficients, so every call on the hot path is O(1):
 
-    prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i² + E·p_i)   (sums over layers)
+    prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i² + E·p_i + F·[p_i > 0])
+                            (sums over layers)
     decode_dense(rank)    = Σ_kinds count·(a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K)
                             (vectorized over ranks; τ = 1: T as is)
     moe_s(tokens)         = moe_layers · (a + e·E_act + f·rows),  R = tokens·top_k,
@@ -91,7 +92,7 @@ class ProfileStepCost(StepCost):
 
         def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
-            B = C = D = E = 0.0
+            B = C = D = E = F = 0.0
             for g in groups:
                 c = coef_of(coefs.prefill, g.attention, "prefill")
                 A += g.count * c.a
@@ -99,9 +100,9 @@ class ProfileStepCost(StepCost):
                 C += g.count * c.c
                 D += g.count * c.d
                 E += g.count * c.e
-            return A, B, C, D, E
+                F += g.count * c.f
+            return A, B, C, D, E, F
 
-        # an engine that replays its prefill steps as CUDA graphs pays no launch gaps there
         pre_host = 0.0 if overlap else host.prefill
         self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], pre_host)
         replay_groups = [g for g in model.layer_groups if not g.in_prefill]
@@ -186,20 +187,24 @@ class ProfileStepCost(StepCost):
         return max(t, host) + exposed * min(t, host) + self.prefill_loop_s
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
-        A, B, C, D, E = self._pre
+        A, B, C, D, E, F = self._pre
         per_seq = self._pre_seq
         t = A
         for n, p in chunks:
             t += n * (B + C * p + D * n) + E * p + per_seq
+            if p:
+                t += F
         return t
 
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
         if self._rep is None:
             return 0.0
-        A, B, C, D, E = self._rep
+        A, B, C, D, E, F = self._rep
         t = A
         for n, p in chunks:
             t += n * (B + C * p + D * n) + E * p
+            if p:
+                t += F
         return t
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:

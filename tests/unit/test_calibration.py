@@ -92,6 +92,38 @@ def test_prefill_fit_recovers_the_prefix_term_and_scores_off_grid_only():
     assert slow.offgrid_max_ape is not None and slow.offgrid_max_ape > 0.3
 
 
+def test_prefill_fit_takes_the_prefix_cost_only_where_cross_validation_wants_it():
+    """With the prefix form among the candidates, a fixed cost of chunks that have a prefix (f)
+    is fitted when the data carry one — its size recovered, and ProfileStepCost charging it per
+    such chunk — and left at 0 when they do not (the cross-validated choice of form); the
+    default forms (smooth only) never fit it."""
+    rng = np.random.default_rng(1)
+    n = np.array([256, 512, 1024, 2048, 4096, 8192, 16384, 32768], dtype=float)
+    p = np.array([0, 8192, 32768, 131072, 262144], dtype=float)
+    X = np.array([(a, b) for a in n for b in p])
+    jump = 1.5e-4 * (X[:, 1] > 0)
+    both = ("smooth", "prefix")
+    t_jump = noisy(prefill_truth(X) + jump, rng)
+    with_f, _ = fit_prefill(X, t_jump, forms=both)
+    assert with_f.f == pytest.approx(1.5e-4, rel=0.15)
+    without, _ = fit_prefill(X, noisy(prefill_truth(X), rng), forms=both)
+    assert without.f == 0.0
+    assert fit_prefill(X, t_jump)[0].f == 0.0
+    with pytest.raises(ValueError, match="prefill forms"):
+        fit_prefill(X, t_jump, forms=("cubic",))  # type: ignore[arg-type]
+    model = load_model(FLASH)
+    coefs = make_coefs()
+    pre = {k: c.model_copy(update={"f": 1e-4}) for k, c in coefs.prefill.items()}
+    c0 = ProfileStepCost(model, load_hardware("h200"), PoolShape(1, 0), coefs)
+    c1 = ProfileStepCost(
+        model, load_hardware("h200"), PoolShape(1, 0), coefs.model_copy(update={"prefill": pre})
+    )
+    chunks = [(512, 0), (512, 4096), (256, 100)]
+    assert c1.prefill_dense(chunks) - c0.prefill_dense(chunks) == pytest.approx(
+        2 * model.prefill_layers * 1e-4
+    )
+
+
 def decode_rows(bs, vs, ls) -> np.ndarray:
     return np.array([(B, B * v, B * L) for B in bs for v in vs for L in ls], dtype=float)
 

@@ -124,7 +124,7 @@ class _EagerGraph:
         self.replay = body
 
 
-def test_graphed_prefill_runs_each_step_on_staging_slots() -> None:
+def test_graphed_prefill_runs_each_step_on_staging_slots(monkeypatch: pytest.MonkeyPatch) -> None:
     """Prefill-only steps as graphs (CPU stand-in: the body re-run): one capture per tuple of
     prompt lengths (its step marked), on staging slots kept across steps and runs; the steps
     are those of the eager engine; a step whose staging slots do not fit the pools, or whose
@@ -141,7 +141,7 @@ def test_graphed_prefill_runs_each_step_on_staging_slots() -> None:
         return _EagerGraph(body)
 
     eng.prefill_graphs = True
-    eng._record = record  # type: ignore[method-assign]
+    monkeypatch.setattr(eng, "_record", record)
     res = eng.run(reqs)
     cols = ["prefill_tokens", "prefill_seqs"]
     assert res.steps[cols].equals(eager.steps[cols])  # [30, 7] twice, then [12, 9]
@@ -154,7 +154,7 @@ def test_graphed_prefill_runs_each_step_on_staging_slots() -> None:
     assert len(captured) == 2 and again.steps["captured"].sum() == 0  # replays only
     tight = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=3)
     tight.prefill_graphs = True
-    tight._record = record  # type: ignore[method-assign]
+    monkeypatch.setattr(tight, "_record", record)
     check_complete(tight.run(reqs[:2]), reqs[:2])  # 2 requests + 2 staging > 3 slots
     assert tight._prefill_graphs == {}
 
@@ -163,7 +163,7 @@ def test_graphed_prefill_runs_each_step_on_staging_slots() -> None:
 
     broken = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=8)
     broken.prefill_graphs = True
-    broken._record = fail  # type: ignore[method-assign]
+    monkeypatch.setattr(broken, "_record", fail)
     out = broken.run(reqs)  # a failed capture runs that step eagerly, and the shape from then on
     assert out.steps[cols].equals(eager.steps[cols]) and broken._prefill_graph_failed
     assert out.steps["graph"].sum() == 0
