@@ -110,7 +110,7 @@ def test_prefill_fit_takes_the_prefix_cost_only_where_cross_validation_wants_it(
     assert without.f == 0.0
     assert fit_prefill(X, t_jump)[0].f == 0.0
     with pytest.raises(ValueError, match="prefill forms"):
-        fit_prefill(X, t_jump, forms=("cubic",))  # type: ignore[arg-type]
+        fit_prefill(X, t_jump, forms=("cubic",))
     model = load_model(FLASH)
     coefs = make_coefs()
     pre = {k: c.model_copy(update={"f": 1e-4}) for k, c in coefs.prefill.items()}
