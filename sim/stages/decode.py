@@ -105,9 +105,10 @@ class DecodeGroup(StepLoop):
         # one row per step, in typed arrays (8 bytes an entry, not a Python object each)
         self.step_end = array("d")
         self.step_dt = array("d")
-        self.step_n = array("q")
-        self.step_new = array("q")
-        self.step_tokens = array("q")  # tokens emitted (all sequences): per-token ITL
+        # counts of one step fit 4 bytes (read back as int64)
+        self.step_n = array("i")
+        self.step_new = array("i")
+        self.step_tokens = array("i")  # tokens emitted (all sequences): per-token ITL
         self.busy_s = 0.0
         self.tokens_out = 0
         # occupancy integrals over stepping time (idle time adds nothing): sequence-seconds,
@@ -409,8 +410,8 @@ class DecodeGroup(StepLoop):
         return (
             np.asarray(self.step_end),
             np.asarray(self.step_dt),
-            np.asarray(self.step_n),
-            np.asarray(self.step_new),
+            np.asarray(self.step_n, dtype=np.int64),
+            np.asarray(self.step_new, dtype=np.int64),
         )
 
     def report(self, now: float) -> dict[str, Any]:

@@ -81,8 +81,13 @@ class ExpertLoadModel:
         return base / base.sum(axis=1, keepdims=True)
 
     def _popularity(self) -> np.ndarray:
-        """Current p[c, l, e], a fresh array (old ones stay valid for windows that hold them)."""
-        logits = self.log_class + self.x
+        """Current p[c, l, e], a fresh array."""
+        return self.popularity_of(self.x)
+
+    def popularity_of(self, x: np.ndarray) -> np.ndarray:
+        """p[c, l, e] under the drift state ``x`` (each update makes a new ``x``, so a window
+        keeps the (L, E) state of its steps and rebuilds their (C, L, E) popularity, exactly)."""
+        logits = self.log_class + x
         logits -= logits.max(axis=2, keepdims=True)
         p = np.exp(logits)
         p /= p.sum(axis=2, keepdims=True)

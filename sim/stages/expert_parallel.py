@@ -132,7 +132,7 @@ class GroupExperts:
         self.since += 1
         if self.window and self.placer.due(self.since):
             stall = self._rebalance()
-        self.window.append((self.load.pop, tokens, sq_tokens))
+        self.window.append((self.load.x, tokens, sq_tokens))
         factor = self._sample(tokens, sq_tokens)
         self.factor_sum += factor
         self.factor_steps += 1
@@ -178,14 +178,15 @@ class GroupExperts:
         k = load.top_k
         mean = np.zeros((load.layers, load.experts))
         bias_var = np.zeros_like(mean)
-        # steps under the same popularity snapshot are summed before touching (C, L, E) arrays
+        # steps under the same drift state are summed before touching (C, L, E) arrays
         runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for pop, tok, sq in self.window:
-            if runs and runs[-1][0] is pop:
-                runs[-1] = (pop, runs[-1][1] + tok, runs[-1][2] + sq)
+        for x, tok, sq in self.window:
+            if runs and runs[-1][0] is x:
+                runs[-1] = (x, runs[-1][1] + tok, runs[-1][2] + sq)
             else:
-                runs.append((pop, tok, sq))
-        for pop, tok, sq in runs:
+                runs.append((x, tok, sq))
+        for x, tok, sq in runs:
+            pop = load.pop if x is load.x else load.popularity_of(x)
             t = tok[:, sets] * k
             h = sq[:, sets] * (k * k)
             mean += np.einsum("cl,cle->le", t, pop)
