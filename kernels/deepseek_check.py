@@ -15,7 +15,8 @@ Tolerances (relative L2 error, ``_util.rel_err``), stated once here:
   attention output is quantized to FP8 again before the output projection, so the kernels' 0.25 %
   difference flips FP8 roundings and reappears at the FP8 noise level (~4 % at these widths,
   measured); the attention kernels themselves are held to ``KERNEL_TOL`` above;
-* a decode step replayed from a CUDA graph vs the same step run eagerly: ``GRAPH_TOL``.
+* a decode step replayed from a CUDA graph vs the same step run eagerly: ``GRAPH_TOL``; the
+  same for the engine's graphed prefill step (the caches it writes), not yet run on the GPU.
 
 Writes ``deepseek_check.json`` (versions, which paths ran, every result) and prints a table.
 """
@@ -479,6 +480,89 @@ def check_engine(c: Checker) -> dict[str, Any]:
     return {"ok": s["requests"] == 10, "graphs": len(eng._graphs), **s}
 
 
+class _EagerGraph:
+    """On a CPU, where there are no CUDA graphs: a 'replay' runs the captured body again."""
+
+    def __init__(self, body: Any) -> None:
+        self.replay = body
+
+
+def _eager_record(body: Any, reset: Any, before_capture: Any = None) -> _EagerGraph:
+    body()
+    reset()
+    return _EagerGraph(body)
+
+
+def check_graph_prefill(c: Checker) -> dict[str, Any]:
+    """A prefill-only step of two prompts replayed from the engine's CUDA graph (on its staging
+    slots) writes the caches the same step run eagerly on the same input writes, in every layer:
+    window entries, compressed entries and (CSA) indexer keys. On a CPU the graph is an eager
+    stand-in, so the comparison itself is what runs there."""
+    from .engine import EngineCore
+
+    cuda = c.device.type == "cuda"
+    spec: Any = LayerShape.toy() if c.toy else load_model("deepseek-v4.1-flash-mini")
+    eng = EngineCore(
+        spec,
+        [("csa", True), ("hca", True)],
+        local_experts=8 if c.toy else 48,
+        device=c.device,
+        fp8=True,
+        max_seqs=8,
+        max_tokens=4096,
+        prefill_token_budget=4096,
+        mode="prefill_only",
+        backend="deepseek",
+        prefill_graphs=cuda,
+        seed=2,
+    )
+    if not cuda:
+        eng.prefill_graphs = True
+        eng._record = _eager_record  # type: ignore[method-assign]
+    eng.warmup()
+    lens = (700, 333) if not c.toy else (70, 33)
+    graph = eng._prefill_graph(lens)
+    if graph is None:
+        return {"ok": False, "error": "no graph captured"}
+    eng._replay_prefill(graph, lens)
+    staged = eng._staging[: len(lens)]
+    slots = [eng.alloc_slot() for _ in lens]
+    segs, replay, _ = eng._prefill_rows([(s, n, True) for s, n in zip(slots, lens, strict=True)], 0)
+    eng._forward(graph.x, segs, replay, None, None)
+    synchronize(c.device)
+    errs = []
+    for lay in eng.layers:
+        pool: Any = lay.pool  # a DSPool on this backend
+        for a, b, n in zip(staged, slots, lens, strict=True):
+            sa, sb = (torch.full((1,), s, device=c.device) for s in (a, b))
+            pos = torch.arange(max(0, n - pool.ring), n, device=c.device)
+            errs.append(
+                rel_err(
+                    pool.window.read(pool.window_rows(sa, pos), torch.float32),
+                    pool.window.read(pool.window_rows(sb, pos), torch.float32),
+                )
+            )
+            if pool.comp is not None and n // pool.m:
+                ents = torch.arange(n // pool.m, device=c.device)
+                errs.append(
+                    rel_err(
+                        pool.comp.read(pool.entry_rows(sa, ents), torch.float32),
+                        pool.comp.read(pool.entry_rows(sb, ents), torch.float32),
+                    )
+                )
+                if pool.comp_idx is not None:
+                    errs.append(
+                        rel_err(pool.comp_idx[a, : n // pool.m], pool.comp_idx[b, : n // pool.m])
+                    )
+    err = max(errs)
+    return {
+        "ok": err <= GRAPH_TOL,
+        "graph_vs_eager": err,
+        "compared": len(errs),
+        "cuda_graph": cuda,
+    }
+
+
 def probe_deepgemm(timeout_s: float = 240.0) -> dict[str, Any]:
     """Does DeepGEMM's first FP8 GEMM run here? In a child process (it has crashed with a
     segmentation fault at its JIT start-up on this image), with HOME and CUDA_HOME set."""
@@ -560,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("csa", "hca", "swa", "mla"):
         c.run(f"profile decode {kind}", functools.partial(profile_decode, c, kind))
     c.run("engine core (deepseek)", lambda: check_engine(c))
+    c.run("graph prefill (engine)", lambda: check_graph_prefill(c))
     if a.deepgemm:
         c.run("deepgemm probe", probe_deepgemm)
     info = {
