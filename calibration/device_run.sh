@@ -7,7 +7,8 @@
 #     bash calibration/device_run.sh check table v41          # first call
 #     bash calibration/device_run.sh v3 replay                # second call
 #
-# Stages: check (deepseek_check + DeepGEMM probe), table (kernel table), deepgemm (DeepGEMM's
+# Stages: check (deepseek_check + DeepGEMM probe), graphprefill (its graphed-prefill check
+# alone), table (kernel table), deepgemm (DeepGEMM's
 # masked grouped MoE GEMM against torch._scaled_grouped_mm), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
@@ -67,6 +68,9 @@ for stage in "$@"; do
     check) dg=--deepgemm; [ "${DEEPGEMM_PROBE:-1}" = 0 ] && dg=
       run 150 check $P.kernels.deepseek_check --out "$OUT/check" $dg ;;
     table) run 150 table $P.calibration.kernel_table --out "$OUT/table.json" ;;
+    graphprefill) run 120 graphprefill python3 -c "import json; from deepinfer_sim.kernels \
+import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
+print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --engine-depth "${ENGINE_DEPTH:-1}" \
         --out "$OUT/v41.yaml" ;;
