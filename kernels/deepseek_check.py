@@ -16,7 +16,7 @@ Tolerances (relative L2 error, ``_util.rel_err``), stated once here:
   difference flips FP8 roundings and reappears at the FP8 noise level (~4 % at these widths,
   measured); the attention kernels themselves are held to ``KERNEL_TOL`` above;
 * a decode step replayed from a CUDA graph vs the same step run eagerly: ``GRAPH_TOL``; the
-  same for the engine's graphed prefill step (the caches it writes), not yet run on the GPU.
+  same for the engine's graphed prefill step (the caches it writes).
 
 Writes ``deepseek_check.json`` (versions, which paths ran, every result) and prints a table.
 """
