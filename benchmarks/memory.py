@@ -5,7 +5,8 @@ requests, ``traces/synth/sessions.py``) over enough days to reach it, in a fresh
 build the workload, ``simulate``, then write the run folder (parquet files and plots) to a
 temporary directory. It reports the process's peak resident memory (``ru_maxrss``) after the
 simulation and after the write, and the wall time of each, then writes them with the machine's
-description to ``benchmarks/results/memory.json`` (a size not run keeps its row there).
+description to ``benchmarks/results/memory.json`` (a size not run keeps its row there; each row
+has the date it was measured).
 
     python benchmarks/memory.py [--sizes 10k,100k,1M] [--set KEY=VALUE ...]
 
@@ -69,7 +70,7 @@ def run_size(size: str, extra: list[str]) -> dict[str, Any]:
     if done.returncode:
         raise SystemExit(f"{size}: the run failed\n{done.stderr[-4000:]}")
     row: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"size": size, "overrides": overrides, **row}
+    return {"size": size, "date": date.today().isoformat(), "overrides": overrides, **row}
 
 
 def main() -> None:
