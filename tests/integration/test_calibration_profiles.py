@@ -223,6 +223,8 @@ def test_call14_graphed_engine_meets_every_replay_target():
                     for key in ("abs_rel_err_p90", "p50_rel_err"):
                         assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, key)
                     assert w["steps"]["captured_steps"] <= 1
+                steps = pd.read_csv(folder / f"replay_{trace}_prefill_steps.csv")
+                assert (steps["graph"] == 1).all() and (steps["issue_s"] < 0.002).all()
             med[(trace, phase)] = got[trace][phase]["median"]
     for trace in ("mooncake_conversation", "azure_conv"):
         for phase in ("prefill", "decode"):
