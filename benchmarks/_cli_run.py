@@ -1,5 +1,5 @@
 """What the end-to-end benchmarks share: one ``deepinfer-sim run`` in a child process, timed with
-its peak RSS, and the machine's one-line description."""
+its peak RSS, the machine's one-line description, and writing a report."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ from typing import Any
 
 def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def write_report(path: str | Path, report: dict[str, Any]) -> None:
+    """``report`` as indented JSON at ``path`` (its folder made if missing)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def run_default(overrides: list[str], plots: bool = False) -> dict[str, Any]:

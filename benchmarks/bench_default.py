@@ -10,13 +10,12 @@ writes them with the machine's description to ``benchmarks/results/default.json`
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from datetime import date
 from pathlib import Path
 
-from _cli_run import machine  # benchmarks/ is the script's folder
+from _cli_run import machine, write_report  # benchmarks/ is the script's folder
 
 from deepinfer_sim import load_scenario, simulate
 
@@ -62,8 +61,7 @@ def main() -> None:
         "events_per_wall_s": round(events / wall),
         "runs": runs,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(
         f"median {wall:.2f} s wall: {report['sim_s_per_wall_s']} simulated s/s, "
         f"{report['requests_per_wall_s']:,} requests/s, {report['events_per_wall_s']:,} events/s"

@@ -16,13 +16,12 @@ on one core, i.e. ≥ 10,000 requests per wall second.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-from _cli_run import machine, run_default  # benchmarks/ is the script's folder
+from _cli_run import machine, run_default, write_report  # benchmarks/ is the script's folder
 
 TARGET_WALL_S = 30.0
 
@@ -69,8 +68,7 @@ def main() -> None:
         "peak_rss_mib": round(max(rss)) if rss else None,
         "target_wall_s": TARGET_WALL_S,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(
         f"median {median:.1f} s (min {min(walls):.1f} s) for {report['requests']:,} requests: "
         f"{report['requests_per_wall_s']:,} requests per wall second; target ≤ {TARGET_WALL_S:g} s"

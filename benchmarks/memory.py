@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -27,6 +25,8 @@ import time
 from datetime import date
 from pathlib import Path
 from typing import Any
+
+from _cli_run import machine, write_report  # benchmarks/ is the script's folder
 
 SCENARIO = "mixed"
 DAYS = {"10k": 0.115, "100k": 0.95, "1M": 7.3}
@@ -105,12 +105,10 @@ def main() -> None:
     report = {
         "scenario": SCENARIO,
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "runs": runs,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    write_report(out, report)
 
 
 if __name__ == "__main__":

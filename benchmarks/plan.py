@@ -15,7 +15,6 @@ The target (issue 17) is ≥ 100 shapes in ≤ 5 minutes with 2 workers.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import subprocess
@@ -25,7 +24,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from _cli_run import machine  # benchmarks/ is the script's folder
+from _cli_run import machine, write_report  # benchmarks/ is the script's folder
 
 GRID = (
     "planner.prefill_ep=[2,4,8,16]",
@@ -78,8 +77,7 @@ def main() -> None:
         "median_wall_s": round(statistics.median(walls), 1),
         "target_wall_s": TARGET_WALL_S,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(f"median {report['median_wall_s']} s (min {report['min_wall_s']} s); target ≤ 300 s")
 
 

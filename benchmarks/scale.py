@@ -15,11 +15,10 @@ grow with the cluster. The cost per request (wall µs per request) should stay f
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import date
 from pathlib import Path
 
-from _cli_run import machine, run_default  # benchmarks/ is the script's folder
+from _cli_run import machine, run_default, write_report  # benchmarks/ is the script's folder
 
 DEFAULT_RATE_SCALE = 25  # configs/default.yaml's workload.rate_scale
 DEFAULT_GPUS = 128
@@ -71,8 +70,7 @@ def main() -> None:
         "machine": machine(),
         "rows": rows,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(f"{'GPUs':>6}{'requests':>11}{'wall s':>9}{'µs/req':>9}{'RSS MiB':>9}")
     for r in rows:
         print(

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+
+from _cli_run import machine, write_report  # benchmarks/ is the script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,8 +110,7 @@ def main() -> None:
     report = {
         "scenario": "default",
         "date": date.today().isoformat(),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}",
+        "machine": machine(),
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "repeats": args.repeats,
         "note": "fresh process per repeat (cold imports); OS file cache warm; "
@@ -118,8 +118,7 @@ def main() -> None:
         "seconds": stats,
         "samples": {key: [round(x, 4) for x in v] for key, v in samples.items()},
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_report(args.out, report)
     print(f"{'part':<12} {'min s':>7} {'median s':>9}")
     for key, s in stats.items():
         print(f"{key:<12} {s['min_s']:>7.3f} {s['median_s']:>9.3f}")
