@@ -100,6 +100,26 @@ def capture_graph(
     return g
 
 
+class EagerGraph:
+    """Where there are no CUDA graphs (a CPU): a 'graph' whose replay runs its body again."""
+
+    def __init__(self, body: Callable[[], object]) -> None:
+        self.replay = body
+
+
+def capture_eagerly(
+    device: torch.device,
+    body: Callable[[], object],
+    reset: Callable[[], object],
+    pool: Any = None,
+    before_capture: Callable[[], object] | None = None,
+) -> EagerGraph:
+    """``capture_graph``'s stand-in off the GPU: the warm-up run and the resets, no capture."""
+    body()
+    reset()
+    return EagerGraph(body)
+
+
 def generator(device: torch.device, seed: int) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))

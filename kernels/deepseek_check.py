@@ -39,12 +39,12 @@ import torch
 
 from ..models.registry import load_model
 from . import _util
-from ._util import as_device, rel_err, synchronize
+from ._util import as_device, capture_eagerly, rel_err, synchronize
 from .backend import get_backend
 from .deepseek import flashmla, fp8, versions
 from .deepseek.layout import Model1Cache, Model1Layout
 from .gpu_check import Checker, _shape
-from .shapes import LayerShape
+from .shapes import Kind, LayerShape
 
 KERNEL_TOL = 2e-2
 QUANT_TOL = 2e-2
@@ -454,23 +454,32 @@ def check_moe(c: Checker) -> dict[str, Any]:
     return {"ok": err <= FP8_TOL / 2, "vs_reference": err, "path": ds.path}
 
 
-def check_engine(c: Checker) -> dict[str, Any]:
-    """The engine core on the deepseek backend (CUDA-graph decode on a GPU): a short replay."""
+def _engine(c: Checker, layers: list[tuple[Kind, bool]], **kw: Any) -> Any:
+    """An engine core on the deepseek backend at the check's widths (toy or V4.1-Flash-mini)."""
     from .engine import EngineCore
 
     spec: Any = LayerShape.toy() if c.toy else load_model("deepseek-v4.1-flash-mini")
-    eng = EngineCore(
+    return EngineCore(
         spec,
-        [("csa", True), ("hca", True), ("csa", False)],
+        layers,
         local_experts=8 if c.toy else 48,
         device=c.device,
         fp8=True,
-        max_seqs=12,
         max_tokens=4096,
+        backend="deepseek",
+        **kw,
+    )
+
+
+def check_engine(c: Checker) -> dict[str, Any]:
+    """The engine core on the deepseek backend (CUDA-graph decode on a GPU): a short replay."""
+    eng = _engine(
+        c,
+        [("csa", True), ("hca", True), ("csa", False)],
+        max_seqs=12,
         prefill_token_budget=2048,
         max_decode_batch=8,
         mode="decode_only",
-        backend="deepseek",
         graphs=c.device.type == "cuda",
         seed=1,
     )
@@ -480,45 +489,24 @@ def check_engine(c: Checker) -> dict[str, Any]:
     return {"ok": s["requests"] == 10, "graphs": len(eng._graphs), **s}
 
 
-class _EagerGraph:
-    """On a CPU, where there are no CUDA graphs: a 'replay' runs the captured body again."""
-
-    def __init__(self, body: Any) -> None:
-        self.replay = body
-
-
-def _eager_record(body: Any, reset: Any, before_capture: Any = None) -> _EagerGraph:
-    body()
-    reset()
-    return _EagerGraph(body)
-
-
 def check_graph_prefill(c: Checker) -> dict[str, Any]:
     """A prefill-only step of two prompts replayed from the engine's CUDA graph (on its staging
     slots) writes the caches the same step run eagerly on the same input writes, in every layer:
     window entries, compressed entries and (CSA) indexer keys. On a CPU the graph is an eager
     stand-in, so the comparison itself is what runs there."""
-    from .engine import EngineCore
-
     cuda = c.device.type == "cuda"
-    spec: Any = LayerShape.toy() if c.toy else load_model("deepseek-v4.1-flash-mini")
-    eng = EngineCore(
-        spec,
+    eng = _engine(
+        c,
         [("csa", True), ("hca", True)],
-        local_experts=8 if c.toy else 48,
-        device=c.device,
-        fp8=True,
         max_seqs=8,
-        max_tokens=4096,
         prefill_token_budget=4096,
         mode="prefill_only",
-        backend="deepseek",
         prefill_graphs=cuda,
         seed=2,
     )
     if not cuda:
         eng.prefill_graphs = True
-        eng._record = _eager_record  # type: ignore[method-assign]
+        eng._capture_fn = capture_eagerly
     eng.warmup()
     lens = (700, 333) if not c.toy else (70, 33)
     graph = eng._prefill_graph(lens)

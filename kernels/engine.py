@@ -170,7 +170,7 @@ class EngineCore:
         backend: str = "reference",
         graphs: bool = False,
         prefill_graphs: bool = False,
-        prefill_graph_tokens: int = 4096,
+        prefill_graph_tokens: int = 16384,
         seed: int = 0,
         dtype: torch.dtype | None = None,
         max_tmp_bytes: int = 1 << 30,
@@ -230,6 +230,7 @@ class EngineCore:
         self._prefill_graphs: dict[tuple[int, ...], _Graph] = {}
         self._staging: list[int] = []
         self._prefill_graph_failed: set[tuple[int, ...]] = set()
+        self._capture_fn: Callable[..., Any] = capture_graph
         self._graph_pool = torch.cuda.graph_pool_handle() if graphs or prefill_graphs else None
         self.config = {
             "layers": [list(lay) for lay in layers],
@@ -400,8 +401,9 @@ class EngineCore:
         reset: Callable[[], object],
         before_capture: Callable[[], object] | None = None,
     ) -> Any:
-        """``body`` as a CUDA graph in the engine's shared pool (``capture_graph``)."""
-        return capture_graph(self.device, body, reset, self._graph_pool, before_capture)
+        """``body`` as a CUDA graph in the engine's shared pool (``capture_graph``; tests and the
+        CPU check swap in ``capture_eagerly``)."""
+        return self._capture_fn(self.device, body, reset, self._graph_pool, before_capture)
 
     def _plans(self, slots: Sequence[int] | np.ndarray, v: int) -> list[Any]:
         """Each layer's decode plan; layers share the device tensors of the first one."""

@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from deepinfer_sim.kernels._util import EagerGraph, capture_eagerly
 from deepinfer_sim.kernels.engine import EngineCore, EngineResult
 from deepinfer_sim.kernels.shapes import LayerShape
 
@@ -117,16 +118,10 @@ def test_steps_record_issue_time_and_no_gpu_time_on_the_cpu() -> None:
     assert s["gpu_s"].isna().all()
 
 
-class _EagerGraph:
-    """Stands in for a captured CUDA graph on the CPU: a replay runs the captured body again."""
-
-    def __init__(self, body: Any) -> None:
-        self.replay = body
-
-
 def test_graphed_prefill_runs_each_step_on_staging_slots(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefill-only steps as graphs (CPU stand-in: the body re-run): one capture per tuple of
-    prompt lengths (its step marked), on staging slots kept across steps and runs; the steps
+    """Prefill-only steps as graphs (CPU stand-in ``capture_eagerly``: the body re-run): one
+    capture per tuple of prompt lengths (its step marked), on staging slots kept across steps
+    and runs; the steps
     are those of the eager engine; a step whose staging slots do not fit the pools, or whose
     capture fails, runs eagerly."""
     reqs = [(0.0, 30, 2), (0.0, 7, 2), (0.0, 30, 2), (0.0, 7, 2), (0.0, 12, 2), (0.0, 9, 2)]
@@ -134,14 +129,12 @@ def test_graphed_prefill_runs_each_step_on_staging_slots(monkeypatch: pytest.Mon
     eng = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=8)
     captured: list[Any] = []
 
-    def record(body: Any, reset: Any, before: Any = None) -> _EagerGraph:
-        body()
-        reset()
+    def record(device: Any, body: Any, *rest: Any) -> EagerGraph:
         captured.append(body)
-        return _EagerGraph(body)
+        return capture_eagerly(device, body, *rest)
 
     eng.prefill_graphs = True
-    monkeypatch.setattr(eng, "_record", record)
+    monkeypatch.setattr(eng, "_capture_fn", record)
     res = eng.run(reqs)
     cols = ["prefill_tokens", "prefill_seqs"]
     assert res.steps[cols].equals(eager.steps[cols])  # [30, 7] twice, then [12, 9]
@@ -154,16 +147,16 @@ def test_graphed_prefill_runs_each_step_on_staging_slots(monkeypatch: pytest.Mon
     assert len(captured) == 2 and again.steps["captured"].sum() == 0  # replays only
     tight = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=3)
     tight.prefill_graphs = True
-    monkeypatch.setattr(tight, "_record", record)
+    monkeypatch.setattr(tight, "_capture_fn", record)
     check_complete(tight.run(reqs[:2]), reqs[:2])  # 2 requests + 2 staging > 3 slots
     assert tight._prefill_graphs == {}
 
-    def fail(body: Any, reset: Any, before: Any = None) -> _EagerGraph:
+    def fail(*args: Any) -> EagerGraph:
         raise RuntimeError("operation not permitted when stream is capturing")
 
     broken = engine(mode="prefill_only", prefill_token_budget=40, max_seqs=8)
     broken.prefill_graphs = True
-    monkeypatch.setattr(broken, "_record", fail)
+    monkeypatch.setattr(broken, "_capture_fn", fail)
     out = broken.run(reqs)  # a failed capture runs that step eagerly, and the shape from then on
     assert out.steps[cols].equals(eager.steps[cols]) and broken._prefill_graph_failed
     assert out.steps["graph"].sum() == 0
