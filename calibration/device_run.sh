@@ -12,13 +12,14 @@
 # masked grouped MoE GEMM against torch._scaled_grouped_mm), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
-# (calibration/mixed_contexts.py: uniform vs mixed lengths), reference (calibrate V4.1-Flash
+# (calibration/mixed_contexts.py: uniform vs mixed lengths), sizes (calibration/prefill_sizes.py:
+# prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
 # replays the engine core on N layers per layer group (calibrate --engine-depth, replay --depth).
 # Replay: REPLAY_NAME (the folder and $OUT/<name>.tar.gz, default replay), REPLAY_TRACES,
-# REPLAY_PHASES, REPLAY_REQUESTS; the GPU's clocks, power and temperature are sampled every 250 ms
-# into <name>/gpu_clocks.csv while it runs.
+# REPLAY_PHASES, REPLAY_REQUESTS, REPLAY_LIMIT (seconds, default 330); the GPU's clocks, power
+# and temperature are sampled every 250 ms into <name>/gpu_clocks.csv while it runs.
 #
 # .whl: simpy, pydantic and their dependencies as Python 3.12 wheels (the image lacks them).
 # .kbuild/site.tar.xz: flash_mla (and deep_gemm) built by vendor/build-on-gpu.sh for torch
@@ -77,6 +78,7 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
     v41mixed) run 330 v41mixed $CAL --model deepseek-v4.1-flash \
         --decode-spread "${DECODE_SPREAD:-0.5}" --out "$OUT/v41.yaml" ;;
     mixed) run 200 mixed $P.calibration.mixed_contexts --out "$OUT/mixed.json" ;;
+    sizes) run 150 sizes $P.calibration.prefill_sizes --out "$OUT/prefill_sizes.json" ;;
     v3) run 300 v3 $CAL --model deepseek-v3 --no-vision --out "$OUT/v3.yaml" ;;
     v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision --out "$OUT/v4flash.yaml" ;;
     v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision --out "$OUT/v4pro.yaml" ;;
@@ -90,7 +92,7 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
       nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
         --format=csv -lms 250 > "/tmp/$name/gpu_clocks.csv" 2>/dev/null &
       smi=$!
-      run 330 replay $P.calibration.replay --profile "$prof" --out "/tmp/$name" \
+      run "${REPLAY_LIMIT:-330}" replay $P.calibration.replay --profile "$prof" --out "/tmp/$name" \
         --requests "${REPLAY_REQUESTS:-150}" --repeats 3 "${depth[@]}" \
         --phases "${REPLAY_PHASES:-prefill,decode}" --traces "${REPLAY_TRACES:-$ALL_TRACES}"
       kill "$smi" 2>/dev/null

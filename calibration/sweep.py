@@ -116,6 +116,10 @@ class Grid:
     name: str = "full"
     prefill_n: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
     prefill_p: tuple[int, ...] = (0, 4096, 16384, 65536, 131072, 262144)
+    # chunk sizes between the powers of two (multiples of 128 and not), at no prefix and at one
+    # prefix that is not a multiple of the HCA block: where kernel choices per size show
+    prefill_line: tuple[int, ...] = ()
+    prefill_line_p: tuple[int, ...] = (0, 24000)
     decode_b: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 256)
     decode_ctx: tuple[int, ...] = (1024, 4096, 16384, 65536)
     decode_v: tuple[int, ...] = (1, 2, 4, 6)
@@ -160,11 +164,17 @@ class Grid:
             name="quick",
             prefill_n=(256, 512, 1024, 2048, 4096, 8192, 16384, 32768),
             prefill_p=(0, 8192, 32768, 131072, 262144),
+            prefill_line=(
+                *(128 * k for k in (3, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 18, 20, 22, 24)),
+                1100,
+                1700,
+                2500,
+            ),
             decode_b=(1, 8, 32, 64, 128, 256),
-            decode_ctx=(2048, 8192, 32768),
+            decode_ctx=(2048, 8192, 16384, 32768, 65536),
             decode_v=(1, 3, 6),
-            moe_e=(8, 48, 100),
-            moe_tokens=(16, 128, 1024, 4096, 16384),
+            moe_e=(4, 8, 16, 32, 48, 64, 100, 128),
+            moe_tokens=(16, 64, 128, 512, 1024, 4096, 16384),
             # each n twice and each p twice, two of them beyond the grid's largest prefix
             off_prefill=(
                 (768, 2000),
@@ -205,6 +215,8 @@ class Grid:
             name="tiny",
             prefill_n=(16, 64, 256),
             prefill_p=(0, 256, 1024),
+            prefill_line=(48,),
+            prefill_line_p=(0, 300),
             decode_b=(1, 4, 8),
             decode_ctx=(64, 512),
             decode_v=(1, 3),
@@ -233,7 +245,10 @@ class Grid:
 
     # ---- shapes ---------------------------------------------------------------------------------
     def prefill_shapes(self) -> list[tuple[int, int]]:
-        return [(n, p) for n in self.prefill_n for p in self.prefill_p]
+        """The (n, p) grid, then the chunk-size line not already on it."""
+        grid = [(n, p) for n in self.prefill_n for p in self.prefill_p]
+        line = [(n, p) for n in self.prefill_line for p in self.prefill_line_p]
+        return grid + [s for s in dict.fromkeys(line) if s not in grid]
 
     def decode_shapes(self) -> list[tuple[int, int, int]]:
         """The (B, context, v) grid, then the staircase line (rows = B·v) not already on it."""

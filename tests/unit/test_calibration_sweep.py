@@ -312,3 +312,21 @@ def test_a_deeper_engine_stack_is_timed_fitted_and_replayed_at_its_depth(tmp_pat
     assert report["traces"]["mooncake_conversation"]["decode"]["runs"][0]["simulated_p50_s"] > 0
     with pytest.raises(UserError, match=r"depth 2.*depth 1"):
         validation_cost(profile, ReplayShape(model=str(deep)))
+
+
+def test_prefill_size_diagnostic_runs_on_the_cpu():
+    """Its plumbing at toy widths: every (kind, n, p) timed once, and the profiled calls list
+    the ops that ran, largest first."""
+    from deepinfer_sim.calibration import prefill_sizes, torch_bench
+
+    bench = torch_bench.TorchBench(
+        "cpu", TOY, "h200", repeats=1, max_prefix=300, max_chunk=64, max_batch=1, max_context=64
+    )
+    res = prefill_sizes.measure(bench, (32, 48), (0, 300), (48,), 300)
+    assert [(r["kind"], r["n"], r["p"]) for r in res["timed"]] == [
+        (k, n, p) for k in bench.kinds for p in (0, 300) for n in (32, 48)
+    ]
+    assert all(r["seconds"] > 0 for r in res["timed"])
+    for kind in bench.kinds:
+        rows = res["profiled"][f"{kind}/48/300"]
+        assert rows and [r["us"] for r in rows] == sorted((r["us"] for r in rows), reverse=True)
