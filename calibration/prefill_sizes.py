@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         a.model,
         backend=a.kernels,
         repeats=7,
-        max_prefix=max(prefixes + [a.profile_prefix]),
+        max_prefix=max([*prefixes, a.profile_prefix]),
         max_chunk=max(sizes + ints(a.profile_sizes)),
         max_batch=1,
         max_context=1024,
