@@ -32,6 +32,7 @@ decode h          per context token of the mean sequence            mem × kv_by
 moe a             launches (not hardware-bound)                     kept
 moe e             active experts' weight reads                      mem × expert_bytes
 moe f, form/tile  expert GEMM rows                                  expert; form and tile kept
+moe k             how much weight reads and GEMMs overlap           kept
 vision            seconds per image                                 bf16 rate
 a2a               latency, link efficiency                          kept (links: target spec)
 host / engine     launch gaps, engine host time                     kept
@@ -135,7 +136,7 @@ def scale_coefs(base: HardwareCoefs, r: Ratios) -> HardwareCoefs:
         )
         for k, c in base.decode.items()
     }
-    m = base.moe
+    m = base.moe  # e and f scale by their own resource; k (how the two combine) is kept
     moe = m.model_copy(update={"e": m.e * r.mem * r.expert_bytes, "f": m.f * r.expert})
     vis = base.vision_seconds_per_image
     return base.model_copy(

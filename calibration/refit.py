@@ -7,11 +7,13 @@ A profile keeps its raw measurements, so a better fit form needs no new GPU time
 ``--kernels`` the kernel fits (prefill and decode per attention kind, routed experts) are re-fitted
 from ``raw`` by the calibration's own code (``sweep.fit_kernels``), with their errors;
 ``--prefill-forms smooth,prefix`` lets cross-validation also try the prefill form with a fixed
-cost per chunk that has a prefix (``fit.fit_prefill``; not the default yet). Then, always,
-``sweep.fit_engine_overhead`` (the engine core's host time per step, the replay loop's gaps, and
-the choice between the additive and the overlapping eager-prefill forms) re-runs on every
-model's stored ``raw.engine`` rows against that model's kernel fits. The profile is written back
-with a note in its provenance.
+cost per chunk that has a prefix (``fit.fit_prefill``; not the default yet). The routed-expert
+fit chooses by cross-validation between weight reads and GEMMs that add up (k = 1) and a smooth
+combination with a fitted k (``fit.fit_moe``), so a profile shipped additive may come back
+smooth. Then, always, ``sweep.fit_engine_overhead`` (the engine core's host time per step, the
+replay loop's gaps, and the choice between the additive and the overlapping eager-prefill forms)
+re-runs on every model's stored ``raw.engine`` rows against that model's kernel fits. The profile
+is written back with a note in its provenance.
 
 ``--a2a-from`` carries a measured all-to-all (latency and link efficiency of NCCL between two
 GPUs of the same kind, and its raw points) into a profile measured on one GPU, whose all-to-all

@@ -36,8 +36,8 @@ calibration target). Pieces:
   ``prefill_graph_tokens`` tokens as one graph per tuple of prompt lengths, on staging slots
   (``_prefill_graph``), so short prompts cost the GPU's work, not the host's launches — as
   engines capture small prefill batches; longer steps, GPU-bound, run eagerly. A shape seen
-  for the first time is captured with the clock stopped (steps record ``graph`` and
-  ``captured``), as an engine captures its graphs before it serves.
+  for the first time (prefill or decode) is captured with the clock stopped (steps record
+  ``graph`` and ``captured``), as an engine captures its graphs before it serves.
 * **Time**: requests become visible when the wall clock since ``run`` started passes their
   arrival; an idle engine sleeps until the next arrival. Each step ends with a device
   synchronize; its host timestamps, the host's time to issue it (``issue_s``) and its GPU time
@@ -421,19 +421,33 @@ class EngineCore:
             x = y + lay.moe(z)
         return x
 
-    def _graphed_decode(self, slots: np.ndarray, v: int, plans: list[Any]) -> None:
-        """A decode-only step as one CUDA-graph replay, captured once per (batch, verify,
-        visible-entry caps): the GPU's work without the host's launches."""
+    def _decode_graph(self, slots: np.ndarray, v: int, plans: list[Any]) -> tuple[_Graph, bool]:
+        """The CUDA graph of a decode-only step, captured once per (batch, verify, visible-entry
+        caps); and whether this call captured it."""
         key = (slots.size, v, tuple(p.graph_key for p in plans))
         graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._capture(plans, slots.size * v)
-            self._graphs[key] = graph
-        else:
+        if graph is not None:
+            return graph, False
+        graph = self._capture(plans, slots.size * v)
+        self._graphs[key] = graph
+        return graph, True
+
+    def capture_decode(self, slots: Sequence[int] | np.ndarray, v: int) -> None:
+        """Capture the graph a decode-only step of ``slots`` would replay, if it is new (the
+        replay loop calls this with its clock stopped, as an engine captures before serving)."""
+        seqs = np.asarray(slots, dtype=np.int64)
+        self._decode_graph(seqs, v, self._plans(seqs, v))
+
+    def _graphed_decode(self, slots: np.ndarray, v: int, plans: list[Any]) -> None:
+        """A decode-only step as one CUDA-graph replay: the GPU's work without the host's
+        launches."""
+        graph, captured = self._decode_graph(slots, v, plans)
+        if not captured:
             graph.plans[0].update(self.layers[0].pool, slots)
+        before = [lay.pool.lengths[slots].copy() for lay in self.layers]
         graph.cuda_graph.replay()
-        for lay in self.layers:  # the host bookkeeping forward() does when run eagerly
-            lay.pool.lengths[slots] += v
+        for lay, lengths in zip(self.layers, before, strict=True):
+            lay.pool.lengths[slots] = lengths + v  # the bookkeeping forward() does when eager
 
     def _capture(self, plans: list[Any], rows: int) -> _Graph:
         lengths = [lay.pool.lengths.copy() for lay in self.layers]
@@ -578,12 +592,15 @@ class EngineCore:
             dec_kv = int(self.layers[0].pool.lengths[dec_slots].sum()) if step.decode else 0
             lengths = [n for _, n, _ in segs]
             graph = None
-            captures = len(self._prefill_graphs)
+            captures = len(self._prefill_graphs) + len(self._graphs)
+            # graphs are captured off the clock, as an engine captures its graphs before serving
+            c0 = time.perf_counter()
             if graphed_prefill and sum(lengths) <= self.prefill_graph_tokens:
-                # captured off the clock, as an engine captures its graphs before serving
-                c0 = time.perf_counter()
                 graph = self._prefill_graph(lengths)
-                paused += time.perf_counter() - c0
+            graphed_decode = self.graphs and not segs and dec_slots.size > 0
+            if graphed_decode:
+                self.capture_decode(dec_slots, v)
+            paused += time.perf_counter() - c0
             start = clock()
             gpu_timer.begin()
             if graph is not None:
@@ -635,8 +652,8 @@ class EngineCore:
                     "end_s": end,
                     "issue_s": issued - start,
                     "gpu_s": gpu_timer.seconds(),
-                    "graph": float(graph is not None),
-                    "captured": float(len(self._prefill_graphs) > captures),
+                    "graph": float(graph is not None or graphed_decode),
+                    "captured": float(len(self._prefill_graphs) + len(self._graphs) > captures),
                     "prefill_tokens": float(n_pre),
                     "prefill_seqs": float(len(step.prefill)),
                     "decode_seqs": float(len(step.decode)),

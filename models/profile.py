@@ -14,9 +14,12 @@ each per *layer* so that the simulator composes a whole model from its layer cou
                      in total; τ the GEMM row tile (τ = 1: no tiling, ⌈⌉ dropped); g(k) the
                      GEMMs' cost of k row tiles: ``steps[k-1]`` (a measured staircase) up to
                      its length, b·τ·k beyond it or without one
-- ``moe``            ``form: exp``   t = a + e·E_act + f·R       routed experts of one rank
-                     ``form: tile``  t = a + e·E_act + f·τ·E_act·⌈R/(E_act·τ)⌉
-                     E local experts, R routed token-expert pairs, E_act = E·(1 − exp(−R/E))
+- ``moe``            t = a + ((e·E_act)^k + (f·rows)^k)^(1/k)   routed experts of one rank
+                     ``form: exp``   rows = R
+                     ``form: tile``  rows = τ·E_act·⌈R/(E_act·τ)⌉
+                     E local experts, R routed token-expert pairs, E_act = E·(1 − exp(−R/E));
+                     k = 1 (the default): t = a + e·E_act + f·rows, weight reads and GEMMs add
+                     up; k > 1: they overlap (their max as k → ∞)
 - ``a2a``            latency and link efficiency of EP dispatch/combine (per MoE layer)
 - ``vision``         seconds per image of the encoder
 
@@ -31,7 +34,7 @@ the ``deepseek-v4.1-flash`` fits: a fit is per layer, so depth does not matter).
 
 Schema history: version 1 files (one model, ``model_family`` + top-level ``hardware``, ``fit``,
 ``raw``, ``dtypes``; held-out fit errors) still load: they are converted on reading. New
-coefficient terms default to zero / no tiling, which is exactly the version 1 forms.
+coefficient terms default to zero / no tiling / k = 1, which is exactly the version 1 forms.
 """
 
 from __future__ import annotations
@@ -150,6 +153,13 @@ class MoeCoef(FrozenModel):
     f: float = Field(ge=0)
     form: Literal["exp", "tile"] = "exp"
     tile: int = Field(1, ge=1, description="rows per expert tile of the tile form")
+    k: float = Field(
+        1.0,
+        ge=1.0,
+        description="exponent combining the active experts' weight reads w = e·E_act and the "
+        "GEMMs g = f·rows as (w^k + g^k)^(1/k): 1, they add up (the additive form); larger, "
+        "they overlap (→ max(w, g) as k grows)",
+    )
 
     @model_validator(mode="after")
     def _form_tile(self) -> MoeCoef:

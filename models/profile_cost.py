@@ -9,9 +9,10 @@ once, at construction, into a handful of coefficients, so every call on the hot 
                             (sums over layers)
     decode_dense(rank)    = Σ_kinds count·(a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K)
                             (vectorized over ranks; τ = 1: T as is)
-    moe_s(tokens)         = moe_layers · (a + e·E_act + f·rows),  R = tokens·top_k,
-                            E_act = E·(1 − exp(−R/E)), rows = R (exp form) or
-                            τ·E_act·⌈R/(E_act·τ)⌉ (tile form)
+    moe_s(tokens)         = moe_layers · (a + ((e·E_act)^k + (f·rows)^k)^(1/k)),
+                            R = tokens·top_k, E_act = E·(1 − exp(−R/E)), rows = R (exp form)
+                            or τ·E_act·⌈R/(E_act·τ)⌉ (tile form); k = 1: a + e·E_act + f·rows
+                            (weight reads and GEMMs add up), k > 1: they overlap
 
 Fits are CUDA-graph replays where capture worked (the GPU's own time: production engines graph
 their decode step and run prefill at sizes where launches hide behind the GPU);
@@ -145,6 +146,7 @@ class ProfileStepCost(StepCost):
         self._moe_experts = model.experts_per_gpu(shape.ep, shape.redundant_experts_per_gpu)
         self._moe_pair = m.f
         self._moe_tile = m.tile if m.form == "tile" else 1
+        self._moe_k = m.k
         self._top_k = model.moe.top_k
         if eager and not overlap:  # the engine core's own host time per step (EngineOverhead)
             self._pre = (
@@ -229,9 +231,16 @@ class ProfileStepCost(StepCost):
         active = E * (1.0 - math.exp(-pairs / E))
         tile = self._moe_tile
         rows = pairs if tile == 1 else tile * active * math.ceil(pairs / (active * tile))
-        per_layer = self._moe_const + self._moe_host[phase] + self._moe_e * active
-        per_layer += self._moe_pair * rows
-        return per_layer * self._moe_layers[phase]
+        k = self._moe_k
+        if k == 1.0:  # the additive form, exactly as before k existed
+            per_layer = self._moe_const + self._moe_host[phase] + self._moe_e * active
+            per_layer += self._moe_pair * rows
+            return per_layer * self._moe_layers[phase]
+        # (w^k + g^k)^(1/k) as m·((w/m)^k + (g/m)^k)^(1/k), like calibration.fit.smooth_sum
+        w, g = self._moe_e * active, self._moe_pair * rows
+        m = w if w > g else g
+        both = m * ((w / m) ** k + (g / m) ** k) ** (1.0 / k) if m > 0 else 0.0
+        return (self._moe_const + self._moe_host[phase] + both) * self._moe_layers[phase]
 
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         return self._a2a.time(tokens_per_rank, phase)

@@ -67,10 +67,15 @@ def versions() -> dict[str, str]:
     except importlib.metadata.PackageNotFoundError:
         fm = "not installed"
     ran = sorted(flashmla.used | fp8.used)
+    grouped = "; ".join(
+        f"{g}x{n}x{k} <={rows} rows: batched {b * 1e6:.0f} / per group {p * 1e6:.0f} us"
+        for (g, n, k, rows), (b, p) in sorted(fp8.GROUPED_TIMINGS.items())
+    )
     return {
         "flash_mla": fm,
         "attention": ", ".join(x for x in ran if "sparse" in x or "dense" in x) or "none yet",
         "gemm": "torch._scaled_mm / torch._scaled_grouped_mm, row-wise FP8 (DeepGEMM not used)",
+        "grouped_projection": grouped or "not timed (no GPU)",
         "quantization": ", ".join(x for x in ran if "quantize" in x) or "none yet",
         "indexer": "project Triton lightning indexer, bf16 keys",
         "torch": torch.__version__,

@@ -23,7 +23,7 @@ multiplied in float32 ("emulated"), so tests check the numerics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -224,9 +224,36 @@ class FP8Linear:
         return fp8_gemm(xq, xs, self.wq, self.ws)[:m]
 
 
+# (groups, N, K, rows bucket) -> (batched seconds, per-group seconds): the grouped projection's
+# two paths timed on first use. On the H200 (torch 2.11) the batched grouped GEMM takes a kernel
+# below 2,048 rows that costs 2.4x what it does at 2,048 (device call 16, prefill_sizes.json).
+GROUPED_TIMINGS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+BATCHED_MIN_ROWS = 2048  # the choice where the paths cannot be timed (inside a graph capture)
+
+
+def _rows_bucket(rows: int) -> int:
+    return 1 << max(0, rows - 1).bit_length()
+
+
+def _seconds(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median CUDA-event time of ``fn`` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return sorted(times)[len(times) // 2]
+
+
 class GroupedFP8Linear:
     """G independent ``[K -> N]`` maps over G column slices (V4's grouped output projection);
-    input quantized once into ``[G, M_pad, K]``, one FP8 GEMM per group."""
+    input quantized once into ``[G, M_pad, K]``: one batched grouped GEMM, or one FP8 GEMM per
+    group — whichever was faster when this shape's row count (to the next power of two) was
+    first seen (``GROUPED_TIMINGS``), as an engine autotunes a kernel per size."""
 
     def __init__(self, weight: torch.Tensor, fp8: bool = True) -> None:  # [G, N, K]
         self.groups = int(weight.shape[0])
@@ -234,6 +261,24 @@ class GroupedFP8Linear:
         self.wq = torch.stack([wq for wq, _ in self.parts])  # [G, N, K]
         self.ws = torch.stack([ws for _, ws in self.parts])  # [G, N]
         self.batched = fp8 and weight.is_cuda and self._batched_works()
+
+    def _use_batched(self, xq: torch.Tensor, xs: torch.Tensor) -> bool:
+        rows = int(xq.shape[1])
+        g, n, k = (int(d) for d in self.wq.shape)
+        key = (g, n, k, _rows_bucket(rows))
+        if key not in GROUPED_TIMINGS:
+            if torch.cuda.is_current_stream_capturing():
+                return rows >= BATCHED_MIN_ROWS
+            GROUPED_TIMINGS[key] = (
+                _seconds(lambda: self._batched(xq, xs)),
+                _seconds(lambda: self._per_group(xq, xs, rows)),
+            )
+        batched_s, per_group_s = GROUPED_TIMINGS[key]
+        return batched_s <= per_group_s
+
+    def _per_group(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> torch.Tensor:
+        outs = [fp8_gemm(xq[g], xs[g], wq, ws)[:m] for g, (wq, ws) in enumerate(self.parts)]
+        return torch.cat(outs, dim=1)
 
     def _batched_works(self) -> bool:
         """Does ``torch._scaled_grouped_mm`` take the groups as one batched 3-D GEMM here?"""
@@ -252,12 +297,11 @@ class GroupedFP8Linear:
         )
 
     def __call__(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> torch.Tensor:
-        if self.batched:
+        if self.batched and self._use_batched(xq, xs):
             used.add("scaled_grouped_mm.batched")
             y = self._batched(xq, xs)  # [G, M_pad, N]
             return y[:, :m].transpose(0, 1).reshape(m, -1)
-        outs = [fp8_gemm(xq[g], xs[g], wq, ws)[:m] for g, (wq, ws) in enumerate(self.parts)]
-        return torch.cat(outs, dim=1)
+        return self._per_group(xq, xs, m)
 
 
 def residual_and_shared_expert(

@@ -25,6 +25,7 @@ from deepinfer_sim.calibration.fit import (
     fit_moe,
     fit_prefill,
     kfold,
+    moe_coef_model,
     moe_model,
 )
 from deepinfer_sim.errors import ConfigError, UserError
@@ -226,6 +227,56 @@ def test_moe_fit_chooses_the_form_by_cross_validation(tile):
     assert err.train_mape < 0.01 and err.offgrid_mape is None
 
 
+def test_moe_fit_recovers_a_smooth_combination():
+    """Measurements where the weight reads and the GEMMs overlap, t = a + ((e·E_act)^3 +
+    (f·R)^3)^(1/3): cross-validation picks the smooth form and the fit recovers k = 3 (and e, f)
+    within 10 %, where the additive form misses the middle by several per cent."""
+    rng = np.random.default_rng(3)
+    truth = np.array([2e-5, 3e-6, 4e-9])
+    t = noisy(moe_model(truth, MOE_X, 1, 3.0), rng, 0.005)
+    coef, err = fit_moe(MOE_X, t)
+    assert (coef.form, coef.tile) == ("exp", 1)
+    assert coef.k == pytest.approx(3.0, rel=0.1)
+    assert coef.e == pytest.approx(truth[1], rel=0.1)
+    assert coef.f == pytest.approx(truth[2], rel=0.1)
+    assert err.train_mape < 0.01
+    _, additive = fit_moe(MOE_X, t, smooth=False)
+    assert additive.train_mape > 3 * err.train_mape
+
+
+def test_moe_fit_of_additive_measurements_stays_additive():
+    """Measurements of the additive form: the smooth candidate's k comes out at 1 (it nests the
+    additive form), so whichever wins predicts what the additive fit does."""
+    rng = np.random.default_rng(2)
+    truth = np.array([2e-5, 3e-6, 4e-9])
+    t = noisy(moe_model(truth, MOE_X), rng, 0.005)
+    coef, err = fit_moe(MOE_X, t)
+    additive, add_err = fit_moe(MOE_X, t, smooth=False)
+    assert additive.k == 1.0 and coef.k == pytest.approx(1.0, abs=0.02)
+    assert (coef.form, coef.tile) == ("exp", 1)
+    np.testing.assert_allclose(
+        moe_coef_model(coef, MOE_X), moe_coef_model(additive, MOE_X), rtol=5e-3
+    )
+    assert err.train_mape == pytest.approx(add_err.train_mape, abs=5e-4)
+
+
+def test_moe_smooth_combination_between_sum_and_max():
+    """k = 1 is exactly the sum a + e·E_act + f·rows; k grows toward the max; powers are
+    taken of ratios, so tiny terms (w^8 ~ 1e-48) neither underflow nor lose the sum."""
+    x = np.array([1e-5, 2e-6, 3e-9])
+    X = np.array([[8.0, 600.0], [100.0, 0.0], [48.0, 1e5]])
+    E, R = X[:, 0], X[:, 1]
+    w, g = x[1] * E * (1 - np.exp(-R / E)), x[2] * R
+    np.testing.assert_array_equal(moe_model(x, X, 1, 1.0), x[0] + w + g)
+    big = moe_model(x, X, 1, 50.0)
+    np.testing.assert_allclose(big, x[0] + np.maximum(w, g), rtol=0.02)
+    mid = moe_model(x, X, 1, 3.0)
+    assert np.all(mid <= x[0] + w + g) and np.all(mid >= big)
+    np.testing.assert_allclose(mid, x[0] + (w**3 + g**3) ** (1 / 3), rtol=1e-12)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        MoeCoef(a=0, e=1e-6, f=1e-9, k=0.5)
+
+
 def test_latency_bandwidth_fit():
     nbytes = np.array([1e5, 1e6, 1e7, 1e8, 1e9])
     t = 2e-5 + nbytes / 3e11
@@ -335,6 +386,58 @@ def test_profile_cost_composes_layers_of_the_model():
     active = E * (1 - np.exp(-600 / E))  # 100 tokens × top-6 pairs over E local experts
     rows = 128 * active * math.ceil(600 / (active * 128))
     assert c.moe_s(100.0, "prefill") == pytest.approx(20 * (m.a + m.e * active + m.f * rows))
+
+
+@pytest.mark.parametrize("form, tile", [("exp", 1), ("tile", 128)])
+@pytest.mark.parametrize("k", [1.0, 1.4, 3.0])
+def test_profile_cost_moe_is_the_fitted_moe_model(form, tile, k):
+    """moe_s (plain float maths, the hot path) is what the fit predicts, moe_coef_model, for
+    the smooth combination too, at every phase's MoE layer count; at k = 1 bit for bit."""
+    model = load_model(FLASH)
+    moe = MoeCoef(a=1e-5, e=4e-6, f=3e-9, form=form, tile=tile, k=k)
+    coefs = make_coefs().model_copy(update={"moe": moe})
+    shape = PoolShape(4, 4)
+    c = ProfileStepCost(model, load_hardware("h200"), shape, coefs)
+    E = model.experts_per_gpu(4, 4)
+    for tokens in (1.0, 17.0, 100.0, 3000.0, 50_000.0):
+        X = np.array([[E, tokens * model.moe.top_k]])
+        per_layer = float(moe_coef_model(moe, X)[0])
+        for phase in ("prefill", "decode"):
+            want = per_layer * model.moe_layer_count(phase)
+            got = c.moe_s(tokens, phase)
+            if k == 1.0:
+                assert got == want
+            else:
+                assert got == pytest.approx(want, rel=1e-13)
+    assert c.moe_s(0.0, "decode") == 0.0
+
+
+def test_shipped_profiles_load_additive_moe_unchanged():
+    """Every shipped profile's MoE fits load with k = 1 and cost exactly the additive form's
+    a + e·E_act + f·rows per MoE layer."""
+    from deepinfer_sim.models.profile import available_profiles
+
+    model = load_model(FLASH)
+    hw = load_hardware("h200")
+    E = model.experts_per_gpu(8, 0)
+    for name in available_profiles():
+        prof = load_profile(name)
+        for fits in prof.models.values():
+            for coefs in fits.hardware.values():
+                assert coefs.moe.k == 1.0, name
+        if FLASH not in prof.models:
+            continue
+        for hw_name in prof.models[FLASH].hardware:
+            coefs = prof.coefs(model, hw_name)
+            m = coefs.moe
+            c = ProfileStepCost(model, hw, PoolShape(8, 0), coefs)
+            for tokens in (3.0, 100.0, 8192.0):
+                R = tokens * model.moe.top_k
+                active = E * (1.0 - math.exp(-R / E))
+                rows = R if m.form == "exp" else m.tile * active * math.ceil(R / (active * m.tile))
+                per_layer = m.a + m.e * active
+                per_layer += m.f * rows
+                assert c.moe_s(tokens, "decode") == per_layer * model.moe_layer_count("decode")
 
 
 def old_step_cost(coefs: HardwareCoefs, model, n: int, p: int, B: float, K: float, v: float):
@@ -503,6 +606,15 @@ def test_derived_profile_scales_by_the_bounding_resource():
     assert dst.decode["csa"].tile == 64 and dst.moe.tile == 128 and dst.moe.form == "tile"
     assert dst.moe.f == pytest.approx(src.moe.f * h.flops("fp8") / g.flops("fp4"))
     assert dst.moe.e == pytest.approx(src.moe.e * mem * (0.5 + 1 / 32) / 1.0)
+    smooth = make_coefs().moe.model_copy(update={"k": 1.7})
+    prof_k = make_profile()
+    fits = prof_k.models[FLASH]
+    hw_k = {"h200": fits.hardware["h200"].model_copy(update={"moe": smooth})}
+    prof_k = prof_k.model_copy(
+        update={"models": {FLASH: fits.model_copy(update={"hardware": hw_k})}}
+    )
+    dst_k = derive(prof_k, "x-derived", ["gb200"]).models[FLASH].hardware["gb200"].moe
+    assert dst_k.k == 1.7 and (dst_k.e, dst_k.f) == (dst.moe.e, dst.moe.f)  # k carries over
     assert dst.decode["csa"].a == src.decode["csa"].a  # launch overhead is not hardware-bound
     assert set(d.models[FLASH].hardware) == {"gb200", "b200"}
 

@@ -249,3 +249,42 @@ def test_deepgemm_moe_bench_lists_its_decode_shapes(capsys):
     assert (down["n"], down["k"]) == (7168, 2048)
     assert bench.main(["--dry-run", "--models", "deepseek-v3"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == len(cases)
+
+
+def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypatch):
+    """Where both paths exist (a GPU), the grouped output projection times the batched grouped
+    GEMM and the per-group GEMMs once per (shape, rows to the next power of two) and takes the
+    faster; inside a graph capture, with no timing possible, an unseen size takes the batched
+    GEMM from 2,048 rows. Both paths give the same numbers."""
+    import torch
+
+    lin = fp8.GroupedFP8Linear(torch.randn(3, 8, 16), fp8=False)
+    xq, xs = torch.randn(3, 48, 16), torch.ones(3, 48)
+    per_group = lin._per_group(xq, xs, 48)
+
+    def batched(q, s):  # what torch._scaled_grouped_mm computes, [G, M_pad, N]
+        return per_group.view(48, 3, 8).transpose(0, 1)
+
+    monkeypatch.setattr(lin, "_batched", batched)
+    lin.batched = True
+    times = {"batched": 2.0, "per_group": 1.0}
+    timed: list[str] = []
+
+    def fake_seconds(fn, repeats=5):  # called for the batched path, then the per-group one
+        fn()
+        timed.append(("batched", "per_group")[len(timed) % 2])
+        return times[timed[-1]]
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(fp8, "GROUPED_TIMINGS", {})
+    monkeypatch.setattr(fp8, "_seconds", fake_seconds)
+    assert torch.equal(lin(xq, xs, 48), per_group)
+    assert fp8.GROUPED_TIMINGS == {(3, 8, 16, 64): (2.0, 1.0)}
+    assert not lin._use_batched(xq[:, :40], xs[:, :40]) and len(timed) == 2  # same bucket
+    times["batched"] = 0.5
+    assert lin._use_batched(xq[:, :16], xs[:, :16]) and len(timed) == 4  # a new bucket
+    assert torch.equal(lin(xq[:, :16], xs[:, :16], 16), per_group[:16])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    big = torch.zeros(3, 2048, 16)
+    assert lin._use_batched(big, big[..., 0]) and not lin._use_batched(xq[:, :5], xs[:, :5])
+    assert len(fp8.GROUPED_TIMINGS) == 2 and len(timed) == 4

@@ -207,3 +207,39 @@ def test_invalid_requests_and_settings_are_refused() -> None:
         engine(mode="both")
     with pytest.raises(ValueError):
         engine(layers=[("csa", False)])
+
+
+def test_graphed_decode_captures_each_shape_once_off_the_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decode-only steps as graphs (deepseek backend emulated on the CPU, ``capture_eagerly``
+    standing in for the capture): each new (batch, verify, entry caps) shape is captured once,
+    with the replay clock stopped — a capture that takes 0.2 s shows in no step's time and
+    delays no request — and the steps are those of the eager engine."""
+    import time
+
+    reqs = [(0.0, 30, 6), (0.0, 7, 3), (0.0, 50, 5), (0.0, 12, 4)]
+    eager = engine(mode="decode_only", backend="deepseek").run(reqs)
+    eng = engine(mode="decode_only", backend="deepseek")
+    captures: list[Any] = []
+
+    def slow_capture(device: Any, body: Any, *rest: Any) -> EagerGraph:
+        captures.append(body)
+        time.sleep(0.2)
+        return capture_eagerly(device, body, *rest)
+
+    eng.graphs = True
+    monkeypatch.setattr(eng, "_capture_fn", slow_capture)
+    t0 = time.perf_counter()
+    res = eng.run(reqs)
+    wall = time.perf_counter() - t0
+    s = res.steps
+    cols = ["decode_seqs", "decode_tokens", "kv_tokens"]
+    assert s[cols].equals(eager.steps[cols])
+    assert (s["graph"] == 1).all() and len(captures) == len(eng._graphs)
+    # the batch shrinks as requests finish: new shapes (the warm-up step captured one more)
+    assert int(s["captured"].sum()) == len(captures) - 1 >= 2
+    assert s["end_s"].iloc[-1] < wall - 0.2 * len(captures)  # the captures' time is not on it
+    assert ((s["end_s"] - s["start_s"]) < 0.2).all()
+    again = eng.run(reqs)
+    assert again.steps["captured"].sum() == 0 and len(captures) == len(eng._graphs)
