@@ -63,6 +63,7 @@ def measure(
         "model": bench.spec.name,
         "kernels": bench.kernels,
         "device": bench.device_name,
+        "kernel_versions": bench.kernel_versions,
         "timed": timed,
         "profiled": kernels,
     }
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in res["timed"]:
         us = r["seconds"] * 1e6
         print(f"{r['kind']} n={r['n']:6d} p={r['p']:6d} {us:9.1f} us {us / r['n']:.3f} us/tok")
+    print(res["kernel_versions"])
     for key, rows in res["profiled"].items():
         print(key)
         for k in rows:

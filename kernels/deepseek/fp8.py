@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._util import FP8, FP8_MAX, fp8_supported
+from .._util import FP8, FP8_MAX, capture_graph, fp8_supported
 
 ROW_ALIGN = 16
 _TRITON: bool | None = None
@@ -225,8 +225,9 @@ class FP8Linear:
 
 
 # (groups, N, K, rows bucket) -> (batched seconds, per-group seconds): the grouped projection's
-# two paths timed on first use. On the H200 (torch 2.11) the batched grouped GEMM takes a kernel
-# below 2,048 rows that costs 2.4x what it does at 2,048 (device call 16, prefill_sizes.json).
+# two paths timed as CUDA graphs on first use. On the H200 (torch 2.11) the batched grouped GEMM
+# takes a kernel below 2,048 rows that costs 2.4x what it does at 2,048 (device call 16,
+# prefill_sizes.json).
 GROUPED_TIMINGS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 BATCHED_MIN_ROWS = 2048  # the choice where the paths cannot be timed (inside a graph capture)
 
@@ -235,14 +236,17 @@ def _rows_bucket(rows: int) -> int:
     return 1 << max(0, rows - 1).bit_length()
 
 
-def _seconds(fn: Callable[[], object], repeats: int = 5) -> float:
-    """Median CUDA-event time of ``fn`` after one warm-up call."""
-    fn()
+def _graphed_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
+    """Median GPU time of ``fn`` replayed as a CUDA graph, as the engine and the calibration
+    run it: the kernels' time without the host's launch gaps (which, eagerly, made G small
+    GEMMs look 4-10x slower than one batched call)."""
+    graph = capture_graph(device, fn, lambda: None)
+    graph.replay()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e-3)
@@ -270,8 +274,8 @@ class GroupedFP8Linear:
             if torch.cuda.is_current_stream_capturing():
                 return rows >= BATCHED_MIN_ROWS
             GROUPED_TIMINGS[key] = (
-                _seconds(lambda: self._batched(xq, xs)),
-                _seconds(lambda: self._per_group(xq, xs, rows)),
+                _graphed_seconds(lambda: self._batched(xq, xs), xq.device),
+                _graphed_seconds(lambda: self._per_group(xq, xs, rows), xq.device),
             )
         batched_s, per_group_s = GROUPED_TIMINGS[key]
         return batched_s <= per_group_s

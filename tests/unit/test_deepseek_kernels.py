@@ -253,9 +253,9 @@ def test_deepgemm_moe_bench_lists_its_decode_shapes(capsys):
 
 def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypatch):
     """Where both paths exist (a GPU), the grouped output projection times the batched grouped
-    GEMM and the per-group GEMMs once per (shape, rows to the next power of two) and takes the
-    faster; inside a graph capture, with no timing possible, an unseen size takes the batched
-    GEMM from 2,048 rows. Both paths give the same numbers."""
+    GEMM and the per-group GEMMs (as CUDA graphs) once per (shape, rows to the next power of
+    two) and takes the faster; inside a graph capture, with no timing possible, an unseen size
+    takes the batched GEMM from 2,048 rows. Both paths give the same numbers."""
     import torch
 
     lin = fp8.GroupedFP8Linear(torch.randn(3, 8, 16), fp8=False)
@@ -270,14 +270,14 @@ def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypat
     times = {"batched": 2.0, "per_group": 1.0}
     timed: list[str] = []
 
-    def fake_seconds(fn, repeats=5):  # called for the batched path, then the per-group one
+    def fake_seconds(fn, device, repeats=5):  # called for the batched path, then per group
         fn()
         timed.append(("batched", "per_group")[len(timed) % 2])
         return times[timed[-1]]
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(fp8, "GROUPED_TIMINGS", {})
-    monkeypatch.setattr(fp8, "_seconds", fake_seconds)
+    monkeypatch.setattr(fp8, "_graphed_seconds", fake_seconds)
     assert torch.equal(lin(xq, xs, 48), per_group)
     assert fp8.GROUPED_TIMINGS == {(3, 8, 16, 64): (2.0, 1.0)}
     assert not lin._use_batched(xq[:, :40], xs[:, :40]) and len(timed) == 2  # same bucket
