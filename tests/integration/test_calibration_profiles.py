@@ -231,3 +231,28 @@ def test_call14_graphed_engine_meets_every_replay_target():
             assert abs(med[(trace, phase)]["p50_rel_err"]) <= 0.05, (trace, phase)
             assert med[(trace, phase)]["abs_rel_err_p90"] <= 0.15, (trace, phase)
             assert med[(trace, phase)]["measured_p50_spread"] <= 0.03, (trace, phase)
+
+
+@pytest.mark.parametrize(
+    ("replays", "profile", "on_clock_captures"),
+    [("call17/replay", "call16/v41.yaml", 20), ("call18/replay", "call18/v41.yaml", 0)],
+)
+def test_calls_17_and_18_replays_recheck_and_show_what_the_decode_capture_fix_removed(
+    replays: str, profile: str, on_clock_captures: int
+) -> None:
+    """Calls 16–18 (extended grid, depth 4, graphed prefill): every recorded repeat's errors come
+    back when the stored replay is re-simulated with the profile it ran against. In call 17 the
+    Azure decode replay captured 20 new decode graphs on the clock (steps whose host issue took
+    ~50 ms); from call 18 on, decode captures run off the clock and none is left."""
+    root = VALIDATION / "h200-deepseek"
+    folder = root / replays
+    report = json.loads((folder / "replay_report.json").read_text())
+    assert report["shape"]["depth"] == 4 and report["repeats"] == 3
+    got = recheck(load_profile(str(root / profile)), folder, report)
+    for trace, phases in report["traces"].items():
+        for phase, stored in phases.items():
+            for g, w in zip(got[trace][phase]["runs"], stored["runs"], strict=True):
+                for key in ("abs_rel_err_p90", "p50_rel_err"):
+                    assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, phase, key)
+    steps = pd.read_csv(folder / "replay_azure_conv_decode_steps.csv")
+    assert int((steps["issue_s"] > 0.01).sum()) == on_clock_captures
