@@ -10,7 +10,8 @@
 # Stages: check (deepseek_check + DeepGEMM probe), graphprefill (its graphed-prefill check
 # alone), table (kernel table), deepgemm (DeepGEMM's
 # masked grouped MoE GEMM against torch._scaled_grouped_mm), v41 / v3 / v4flash /
-# v4pro (calibrate --kernels deepseek --quick for that model), v41mixed (V4.1-Flash with decode
+# v4pro (calibrate --kernels deepseek --quick for that model), v41kernels (V4.1-Flash's kernel
+# fits alone: no engine steps, no vision), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), sizes (calibration/prefill_sizes.py:
 # prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
@@ -75,6 +76,8 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --engine-depth "${ENGINE_DEPTH:-1}" \
         --out "$OUT/v41.yaml" ;;
+    v41kernels) run 330 v41kernels $CAL --model deepseek-v4.1-flash --no-engine --no-vision \
+        --out "$OUT/v41k.yaml" ;;
     v41mixed) run 330 v41mixed $CAL --model deepseek-v4.1-flash \
         --decode-spread "${DECODE_SPREAD:-0.5}" --out "$OUT/v41.yaml" ;;
     mixed) run 200 mixed $P.calibration.mixed_contexts --out "$OUT/mixed.json" ;;
