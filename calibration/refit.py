@@ -2,6 +2,7 @@
 
     python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels
         [--prefill-forms smooth,prefix]] [--a2a-from PROFILE]
+    python -m deepinfer_sim.calibration.refit --partial OUT.MODEL.partial.json
 
 A profile keeps its raw measurements, so a better fit form needs no new GPU time. With
 ``--kernels`` the kernel fits (prefill and decode per attention kind, routed experts) are re-fitted
@@ -15,6 +16,9 @@ replay loop's gaps, and the choice between the additive and the overlapping eage
 re-runs on every model's stored ``raw.engine`` rows against that model's kernel fits. The profile
 is written back with a note in its provenance.
 
+``--partial`` prints the fits and their errors from what a calibration cut short had timed
+(``calibrate`` keeps ``<out>.<model>.partial.json`` beside its output while it runs).
+
 ``--a2a-from`` carries a measured all-to-all (latency and link efficiency of NCCL between two
 GPUs of the same kind, and its raw points) into a profile measured on one GPU, whose all-to-all
 is only modelled; the provenance says from where.
@@ -26,9 +30,11 @@ import sys
 from pathlib import Path
 from typing import cast, get_args
 
+from ..errors import UserError
 from ..models.profile import EngineOverhead, Profile, load_profile, write_profile
 from ..models.registry import load_model
 from .fit import PREFILL_FORMS, PrefillForm
+from .run import fit_lines, partial_fits
 from .sweep import engine_stack, fit_engine_overhead, fit_kernels, measurements_of
 
 
@@ -130,13 +136,26 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         forms = cast("tuple[PrefillForm, ...]", names)
+    if "--partial" in args:
+        i = args.index("--partial")
+        path = Path(args[i + 1]) if i + 1 < len(args) else None
+        if path is None or not path.is_file():
+            print(f"error: --partial: no file {path}", file=sys.stderr)
+            return 2
+        try:
+            fits = partial_fits(path, forms)
+        except UserError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("\n".join(fit_lines(path.name, fits)))
+        return 0
     kernels = "--kernels" in args
     if kernels:
         args.remove("--kernels")
     if len(args) != 2:
         print(
             "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels"
-            " [--prefill-forms smooth,prefix]] [--a2a-from P]",
+            " [--prefill-forms smooth,prefix]] [--a2a-from P]  |  --partial FILE",
             file=sys.stderr,
         )
         return 2

@@ -4,20 +4,37 @@ One run calibrates one or more models (``--model``, repeatable) with one kernel 
 (``--kernels``); each model is measured by its own :class:`~.torch_bench.TorchBench` (one layer
 at a time at its widths) and the per-model profiles are merged into one file. Runs on separate
 machines (one GPU slot per model, say) are combined afterwards with ``merge-profiles``.
+
+While a model is measured, its kernel measurements so far are kept beside ``--out`` in
+``<out>.<model>.partial.json`` (a profile's ``raw`` layout), so a run cut short by a device
+call's time limit keeps what it timed; the file is removed once the profile is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
+import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import UserError
-from ..models.profile import Profile, merge_profiles, write_profile
-from .sweep import Grid, build_profile, measure
+from ..models.profile import FitError, Profile, merge_profiles, write_profile
+from ..models.registry import load_model
+from .fit import PREFILL_FORMS, PrefillForm
+from .sweep import (
+    Grid,
+    Measurements,
+    build_profile,
+    fit_attention,
+    fit_routed,
+    measure,
+    measurements_of,
+    raw_of,
+)
 
 
 def run_calibration(
@@ -60,6 +77,7 @@ def run_calibration(
     t0 = time.perf_counter()
     command = "deepinfer-sim calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     profiles: list[Profile] = []
+    partials: list[Path] = []
     for model in models:
         bench = TorchBench(
             device=device,
@@ -79,7 +97,14 @@ def run_calibration(
             f"{bench.software['torch']}, CUDA {bench.software['cuda']}; {g.name} grid: "
             f"{counts['grid']} shapes + {counts['offgrid']} off-grid"
         )
-        m = measure(bench, g, log=say)
+        partial = partial_path(out, bench.spec.name)
+        partials.append(partial)
+        m = measure(
+            bench,
+            g,
+            log=say,
+            checkpoint=functools.partial(save_partial, path=partial, model=model),
+        )
         prof = build_profile(bench, m, name or f"{bench.hardware}-{bench.kernels}", command=command)
         say(f"dtypes measured: {bench.dtypes.model_dump()}")
         print_fits(prof, say)
@@ -90,17 +115,55 @@ def run_calibration(
             torch.cuda.empty_cache()
     final = profiles[0] if len(profiles) == 1 else merge_profiles(profiles, profiles[0].name)
     write_profile(final, out)
+    for path in partials:
+        path.unlink(missing_ok=True)
     say(f"wrote {out} in {time.perf_counter() - t0:.0f} s")
     return final
+
+
+def partial_path(out: Path, model: str) -> Path:
+    """Where a run writing ``out`` keeps ``model``'s measurements while it runs."""
+    return out.with_name(f"{out.stem}.{model}.partial.json")
+
+
+def save_partial(m: Measurements, path: Path, model: str) -> None:
+    """``model``'s kernel measurements so far, in a profile's ``raw`` layout, replaced
+    atomically: a run killed part-way (a device call's time limit) keeps what it timed; removed
+    when the profile is written."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"model": model, "raw": raw_of(m)}) + "\n")
+    tmp.replace(path)
 
 
 def print_fits(profile: Profile, say: Callable[[str], None] = print) -> None:
     """One line per fit: training MAPE on the grid, MAPE and max error off the grid."""
     for model, fits in profile.models.items():
-        say(f"{model:<14} {'train MAPE':>10} {'off-grid MAPE':>14} {'max off-grid':>13} points")
-        for key, f in fits.fit.items():
-            off = "-" if f.offgrid_mape is None else f"{f.offgrid_mape:.2%}"
-            worst = "-" if f.offgrid_max_ape is None else f"{f.offgrid_max_ape:.2%}"
-            say(
-                f"  {key:<12} {f.train_mape:>10.2%} {off:>14} {worst:>13} {f.n_train}+{f.n_offgrid}"
-            )
+        for line in fit_lines(model, fits.fit):
+            say(line)
+
+
+def fit_lines(model: str, fits: dict[str, FitError]) -> list[str]:
+    lines = [f"{model:<14} {'train MAPE':>10} {'off-grid MAPE':>14} {'max off-grid':>13} points"]
+    for key, f in fits.items():
+        off = "-" if f.offgrid_mape is None else f"{f.offgrid_mape:.2%}"
+        worst = "-" if f.offgrid_max_ape is None else f"{f.offgrid_max_ape:.2%}"
+        lines.append(
+            f"  {key:<12} {f.train_mape:>10.2%} {off:>14} {worst:>13} {f.n_train}+{f.n_offgrid}"
+        )
+    return lines
+
+
+def partial_fits(
+    path: Path, prefill_forms: tuple[PrefillForm, ...] = PREFILL_FORMS
+) -> dict[str, FitError]:
+    """The attention fits (and the routed experts', if timed) of a cut-short run's
+    ``<out>.<model>.partial.json``, with their errors."""
+    try:
+        m = measurements_of(json.loads(path.read_text())["raw"])
+        model = load_model(json.loads(path.read_text())["model"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a calibration's partial measurements ({exc})") from None
+    fits = fit_attention(m, prefill_forms)[2]
+    if len(m.moe) >= 4:
+        fits["moe"] = fit_routed(m, model.moe.top_k)[1]
+    return fits

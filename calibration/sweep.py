@@ -327,11 +327,18 @@ def _each(
     return out
 
 
-def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Measurements:
+def measure(
+    bench: Bench,
+    grid: Grid,
+    log: Callable[[str], None] = print,
+    checkpoint: Callable[[Measurements], None] | None = None,
+) -> Measurements:
     """Time every grid and off-grid shape of ``bench``'s model (shapes that fail are logged and
-    skipped), then the all-to-all, copy bandwidth, vision and engine steps."""
+    skipped), then the all-to-all, copy bandwidth, vision and engine steps. ``checkpoint`` gets
+    the measurements so far after each part (a run cut short keeps what it timed)."""
     t0 = time.perf_counter()
     m = Measurements()
+    save = checkpoint or (lambda _: None)
     bench.warmup()
     for kind in bench.kinds:
 
@@ -344,14 +351,17 @@ def measure(bench: Bench, grid: Grid, log: Callable[[str], None] = print) -> Mea
         log(f"prefill {kind}")
         m.prefill[kind] = _each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
         m.prefill_off[kind] = _each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
+        save(m)
         log(f"decode {kind}")
         m.decode[kind] = _each(grid.decode_shapes(), log, f"decode {kind}", dec)
         m.decode_off[kind] = _each(
             grid.offgrid_decode_shapes(), log, f"decode {kind} off-grid", dec
         )
+        save(m)
     log("moe")
     m.moe = _each(grid.moe_shapes(), log, "moe", bench.moe)
     m.moe_off = _each(grid.off_moe, log, "moe off-grid", bench.moe)
+    save(m)
     log("all-to-all")
     m.a2a = bench.a2a_table()
     m.copy_bandwidth = bench.copy_bandwidth()
@@ -387,6 +397,31 @@ def fit_kernels(
     grid measurements in ``m``, scored on its off-grid ones. ``top_k``: the model's routed
     experts per token (a timed MoE call of T tokens over E experts routes T·min(top_k, E));
     ``prefill_forms``: the prefill forms cross-validation chooses from (``fit_prefill``)."""
+    prefill, decode, fits = fit_attention(m, prefill_forms)
+    moe, fits["moe"] = fit_routed(m, top_k)
+    return prefill, decode, moe, fits
+
+
+def fit_routed(m: Measurements, top_k: int) -> tuple[MoeCoef, FitError]:
+    """The routed experts' fit of ``m`` (a timed call of T tokens over E experts routes
+    T·min(top_k, E) pairs), scored on its off-grid shapes."""
+
+    def moe_X(rows: Sequence[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
+        pairs = [(e, tok * min(top_k, e), t) for e, tok, t in rows]
+        E, R, t = _arr(pairs, 3).T
+        return np.stack([E, R], axis=1), t
+
+    if len(m.moe) < 4:
+        raise RuntimeError(f"only {len(m.moe)} routed-expert shapes could be timed")
+    X, t = moe_X(m.moe)
+    Xo, to = moe_X(m.moe_off)
+    return fit_moe(X, t, Xo, to)
+
+
+def fit_attention(
+    m: Measurements, prefill_forms: tuple[PrefillForm, ...] = PREFILL_FORMS
+) -> tuple[dict[str, PrefillCoef], dict[str, DecodeCoef], dict[str, FitError]]:
+    """The prefill and decode fits of every attention kind ``m`` has enough shapes for."""
     fits: dict[str, FitError] = {}
     prefill, decode = {}, {}
     for kind, rows in m.prefill.items():
@@ -402,18 +437,21 @@ def fit_kernels(
         X, t = _decode_X(_arr(drows, 4))
         Xo, to = _decode_X(_arr(m.decode_off.get(kind, []), 4))
         decode[kind], fits[f"decode.{kind}"] = fit_decode(X, t, Xo, to)
+    return prefill, decode, fits
 
-    def moe_X(rows: Sequence[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
-        pairs = [(e, tok * min(top_k, e), t) for e, tok, t in rows]
-        E, R, t = _arr(pairs, 3).T
-        return np.stack([E, R], axis=1), t
 
-    if len(m.moe) < 4:
-        raise RuntimeError(f"only {len(m.moe)} routed-expert shapes could be timed")
-    X, t = moe_X(m.moe)
-    Xo, to = moe_X(m.moe_off)
-    moe, fits["moe"] = fit_moe(X, t, Xo, to)
-    return prefill, decode, moe, fits
+def raw_of(m: Measurements) -> dict[str, list[list[float | str]]]:
+    """The kernel measurements of ``m`` as a profile keeps them (``raw``; ``measurements_of``
+    reads them back); the all-to-all rows start empty."""
+    return {
+        "prefill": [[k, *map(float, r)] for k, rows in m.prefill.items() for r in rows],
+        "decode": [[k, *map(float, r)] for k, rows in m.decode.items() for r in rows],
+        "moe": [list(map(float, r)) for r in m.moe],
+        "a2a": [],
+        "prefill_offgrid": [[k, *map(float, r)] for k, rows in m.prefill_off.items() for r in rows],
+        "decode_offgrid": [[k, *map(float, r)] for k, rows in m.decode_off.items() for r in rows],
+        "moe_offgrid": [list(map(float, r)) for r in m.moe_off],
+    }
 
 
 def measurements_of(raw: dict[str, list[list[Any]]]) -> Measurements:
@@ -437,15 +475,7 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
     (grid and off-grid) and fit errors (training, and off-grid only)."""
     from ..models.registry import load_hardware
 
-    raw: dict[str, list[list[float | str]]] = {
-        "prefill": [[k, *map(float, r)] for k, rows in m.prefill.items() for r in rows],
-        "decode": [[k, *map(float, r)] for k, rows in m.decode.items() for r in rows],
-        "moe": [list(map(float, r)) for r in m.moe],
-        "a2a": [],
-        "prefill_offgrid": [[k, *map(float, r)] for k, rows in m.prefill_off.items() for r in rows],
-        "decode_offgrid": [[k, *map(float, r)] for k, rows in m.decode_off.items() for r in rows],
-        "moe_offgrid": [list(map(float, r)) for r in m.moe_off],
-    }
+    raw = raw_of(m)
     prefill, decode, moe, fits = fit_kernels(m, bench.spec.moe.top_k)
     hw = load_hardware(bench.hardware)
     if m.a2a:

@@ -11,6 +11,7 @@ piece is measured, fitted and usable.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -330,3 +331,32 @@ def test_prefill_size_diagnostic_runs_on_the_cpu():
     for kind in bench.kinds:
         rows = res["profiled"][f"{kind}/48/300"]
         assert rows and [r["us"] for r in rows] == sorted((r["us"] for r in rows), reverse=True)
+
+
+def test_a_calibration_cut_short_keeps_what_it_timed(calibrated, tmp_path, monkeypatch, capsys):
+    """While a model is measured its kernel timings so far sit beside ``--out`` (gone once the
+    profile is written); a run killed at the routed experts leaves its attention timings, which
+    ``refit --partial`` fits and scores."""
+    from deepinfer_sim.calibration import refit, run, torch_bench
+
+    assert not list(calibrated["path"].parent.glob("*.partial.json"))
+
+    def killed(self, local_experts, tokens):
+        raise KeyboardInterrupt  # a device call's time limit, not a shape that fails
+
+    monkeypatch.setattr(torch_bench.TorchBench, "moe", killed)
+    out = tmp_path / "cut.yaml"
+    with pytest.raises(KeyboardInterrupt):
+        run.run_calibration("cpu", out, "tiny", "h200", models=(TOY,), engine=False)
+    assert not out.exists()
+    (partial,) = tmp_path.glob("cut.*.partial.json")
+    raw = json.loads(partial.read_text())["raw"]
+    kinds = {row[0] for row in raw["prefill"]}
+    assert kinds == {row[0] for row in raw["decode"]} and kinds and raw["moe"] == []
+    capsys.readouterr()
+    assert refit.main(["--partial", str(partial)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"prefill.{k}" in printed and f"decode.{k}" in printed for k in kinds)
+    assert "moe" not in printed  # none timed
+    partial.write_text("{}")
+    assert refit.main(["--partial", str(partial)]) == 2
