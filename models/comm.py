@@ -102,7 +102,7 @@ def routing_spread(model: ModelSpec, ep: int, domain_gpus: int) -> tuple[float, 
 class AllToAll:
     """EP dispatch + combine time per step over all MoE layers of a phase."""
 
-    __slots__ = ("_bw", "_bytes", "_latency", "_layers", "ep")
+    __slots__ = ("_bw", "_bytes", "_latency", "_layers", "dispatch_share", "ep")
 
     def __init__(
         self,
@@ -117,10 +117,12 @@ class AllToAll:
         profile's) in place of the parameters' for the links inside a node."""
         p = params or AllToAllParams()
         self.ep = ep
-        payload = model.hidden * (
-            dtype_bytes(model.precision.activations_dispatch)
-            + dtype_bytes(model.precision.activations_combine)
-        )  # one token-copy's dispatch + combine bytes
+        dispatch = dtype_bytes(model.precision.activations_dispatch)
+        combine = dtype_bytes(model.precision.activations_combine)
+        payload = model.hidden * (dispatch + combine)  # one token-copy's dispatch + combine bytes
+        # the dispatch's share of an exchange (by bytes: FP8 out, BF16 back gives 1/3; DeepEP's
+        # EP128 low-latency kernels: 192 of 192 + 369 µs)
+        self.dispatch_share = dispatch / (dispatch + combine)
         remote_nodes, local_gpus, remote_gpus = routing_spread(model, ep, hw.scaleup.domain_gpus)
         k = model.moe.top_k
         per_node = min(ep, hw.scaleup.domain_gpus)

@@ -146,12 +146,22 @@ class StepCost(ABC):
         exposed = max(0.0, comm - self.comm_overlap * compute)
         return self.step_overhead_s + compute + exposed
 
+    dispatch_share: float = 0.5  # the dispatch's share of one exchange's time (AllToAll's)
+
     def compose_tbo(self, dense_half: float, moe_half: float, comm_half: float) -> float:
-        """Two-batch overlap: the step runs as two micro-batches of half the load, each one's
-        dispatch/combine overlapping the other's compute, so the step is the longer of the two
-        streams: 2 × half compute (fixed costs such as weight reads are paid twice — the price
-        at small batches) or 2 × half communication."""
-        return self.step_overhead_s + 2.0 * max(dense_half + moe_half, comm_half)
+        """Two-batch overlap: the step runs as two micro-batches of half the load (fixed costs
+        such as weight reads are paid twice — the price at small batches). A layer is attention
+        (a), dispatch (d), experts (m), combine (e) for each; micro-batch B runs one stage behind
+        A, so each stage of one overlaps a stage of the other and lasts the longer of the two:
+        max(a, e') + max(d, a') + max(m, d') + max(e, m') per layer — A's dispatch under B's
+        attention, A's experts under B's dispatch, A's combine under B's experts, B's combine
+        under A's next attention. It is 2·(a + m) with no communication and 2·(d + e) with no
+        compute, and longer than 2·max(a + m, d + e) whenever a stage of one stream is not the
+        same length as the stage it hides under."""
+        a, m = dense_half, moe_half
+        d = self.dispatch_share * comm_half
+        e = comm_half - d
+        return self.step_overhead_s + max(a, e) + max(d, a) + max(m, d) + max(e, m)
 
     def breakdown(
         self, dense_max: float, context_free: float, moe: float, comm: float
@@ -373,6 +383,7 @@ class RooflineStepCost(StepCost):
         )
         self._packed_offset = np.array([[0.0], [self._m0], [0.0]])
         self._a2a = AllToAll(model, hw, ep, step.all_to_all)
+        self.dispatch_share = self._a2a.dispatch_share
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:

@@ -168,6 +168,7 @@ class ProfileStepCost(StepCost):
         self._a2a = AllToAll(
             model, hw, shape.ep, step.all_to_all, a2a.link_efficiency, a2a.latency_s
         )
+        self.dispatch_share = self._a2a.dispatch_share
 
     def prefill_step(
         self,
