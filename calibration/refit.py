@@ -2,7 +2,7 @@
 
     python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels
         [--prefill-forms smooth,prefix]] [--a2a-from PROFILE]
-    python -m deepinfer_sim.calibration.refit --partial OUT.MODEL.partial.json
+    python -m deepinfer_sim.calibration.refit --partial OUT.MODEL.partial.json [--json FILE]
 
 A profile keeps its raw measurements, so a better fit form needs no new GPU time. With
 ``--kernels`` the kernel fits (prefill and decode per attention kind, routed experts) are re-fitted
@@ -26,6 +26,7 @@ is only modelled; the provenance says from where.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import cast, get_args
@@ -136,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         forms = cast("tuple[PrefillForm, ...]", names)
+    json_out = None
+    if "--json" in args:
+        i = args.index("--json")
+        json_out = Path(args[i + 1]) if i + 1 < len(args) else None
+        del args[i : i + 2]
     if "--partial" in args:
         i = args.index("--partial")
         path = Path(args[i + 1]) if i + 1 < len(args) else None
@@ -148,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print("\n".join(fit_lines(path.name, fits)))
+        if json_out is not None:
+            table = {key: f.model_dump() for key, f in fits.items()}
+            json_out.write_text(json.dumps(table, indent=2) + "\n")
         return 0
     kernels = "--kernels" in args
     if kernels:
@@ -155,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print(
             "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels"
-            " [--prefill-forms smooth,prefix]] [--a2a-from P]  |  --partial FILE",
+            " [--prefill-forms smooth,prefix]] [--a2a-from P]  |  --partial FILE [--json F]",
             file=sys.stderr,
         )
         return 2

@@ -354,8 +354,12 @@ def test_a_calibration_cut_short_keeps_what_it_timed(calibrated, tmp_path, monke
     kinds = {row[0] for row in raw["prefill"]}
     assert kinds == {row[0] for row in raw["decode"]} and kinds and raw["moe"] == []
     capsys.readouterr()
-    assert refit.main(["--partial", str(partial)]) == 0
+    table = tmp_path / "fits.json"
+    assert refit.main(["--partial", str(partial), "--json", str(table)]) == 0
     printed = capsys.readouterr().out
+    fits = json.loads(table.read_text())
+    assert set(fits) == {f"{p}.{k}" for p in ("prefill", "decode") for k in kinds}
+    assert all(f["offgrid_mape"] is not None for f in fits.values())
     assert all(f"prefill.{k}" in printed and f"decode.{k}" in printed for k in kinds)
     assert "moe" not in printed  # none timed
     partial.write_text("{}")
