@@ -12,8 +12,10 @@ those into a step time:
     step = overhead + max_r dense_r + moe(imbalance · mean_r tokens_r) + exposed all-to-all
 
 where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (DeepEP's
-two-micro-batch overlap). :class:`RooflineStepCost` derives the parts from ModelSpec ×
-HardwareSpec with efficiency factors from YAML; calibrated profiles implement the same interface.
+two-micro-batch overlap) and lasts as long as its busiest end: the rank that sends the most
+tokens, or the one whose experts receive imbalance × the mean (``exchange_tokens``).
+:class:`RooflineStepCost` derives the parts from ModelSpec × HardwareSpec with efficiency
+factors from YAML; calibrated profiles implement the same interface.
 """
 
 from __future__ import annotations
@@ -141,6 +143,12 @@ class StepCost(ABC):
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Dispatch + combine time over all MoE layers for ``tokens_per_rank`` tokens per rank."""
 
+    def exchange_tokens(self, tokens: np.ndarray, imbalance: float) -> float:
+        """Token-copies' worth of one rank's exchange: an all-to-all lasts as long as its busiest
+        end — the rank that sends the most (its own tokens) or the one whose experts receive the
+        most (``imbalance`` × the group's mean)."""
+        return max(float(tokens.max()), imbalance * float(tokens.sum()) / self.shape.ep)
+
     def compose(self, dense_max: float, moe: float, comm: float) -> float:
         compute = dense_max + moe
         exposed = max(0.0, comm - self.comm_overlap * compute)
@@ -197,7 +205,7 @@ class StepCost(ABC):
         i = int(np.argmax(dense))
         bare = float(self.decode_dense(batch[i : i + 1], np.zeros(1), verify)[0])
         moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
-        comm = self.a2a_s(float(batch.max()) * verify, "decode")
+        comm = self.a2a_s(self.exchange_tokens(batch * verify, imbalance), "decode")
         return self.breakdown(float(dense[i]), bare, moe, comm)
 
     def prefill_breakdown(
@@ -247,10 +255,12 @@ class StepCost(ABC):
         share = 0.5 if tbo else 1.0
         ep = self.shape.ep
         moe = self.moe_s(share * imbalance * tokens_sum / ep, "prefill")
-        comm = self.a2a_s(share * tokens_max, "prefill")
+        # an exchange lasts as long as its busiest end: the rank sending the most tokens, or
+        # the one whose experts receive the most (imbalance × the mean)
+        comm = self.a2a_s(share * max(tokens_max, imbalance * tokens_sum / ep), "prefill")
         if replay_sum:
             moe += self.moe_s(share * imbalance * replay_sum / ep, "replay")
-            comm += self.a2a_s(share * replay_max, "replay")
+            comm += self.a2a_s(share * max(replay_max, imbalance * replay_sum / ep), "replay")
         return dense_max, moe, comm
 
     def prefill_step(
@@ -294,7 +304,7 @@ class StepCost(ABC):
             batch, kv_tokens = batch * 0.5, kv_tokens * 0.5
         dense_max = float(self.decode_dense(batch, kv_tokens, verify).max())
         moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
-        comm = self.a2a_s(float(batch.max()) * verify, "decode")
+        comm = self.a2a_s(self.exchange_tokens(batch * verify, imbalance), "decode")
         if self.shape.two_batch_overlap:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
@@ -309,7 +319,7 @@ class StepCost(ABC):
         verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
         dense_max = float(self.decode_dense(batch, kv, verify).max())
         moe = self.moe_s(imbalance * float(tokens.sum()) / self.shape.ep, "decode")
-        comm = self.a2a_s(float(tokens.max()), "decode")
+        comm = self.a2a_s(self.exchange_tokens(tokens, imbalance), "decode")
         if self.shape.two_batch_overlap:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
@@ -438,7 +448,8 @@ class RooflineStepCost(StepCost):
         compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
         moe = self.moe_s(imbalance * float(load[2].sum()) / self.shape.ep, "decode")
-        comm = self.a2a_s(float(tokens_max), "decode")
+        received = imbalance * float(load[2].sum()) / self.shape.ep
+        comm = self.a2a_s(max(float(tokens_max), received), "decode")
         if tbo:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)

@@ -399,27 +399,31 @@ def test_more_verify_tokens_never_make_decode_faster() -> None:
             assert times[-1] > times[0]
 
 
-def test_expert_imbalance_stretches_only_the_moe_part() -> None:
-    """Imbalance 1.09 (the measured decode figure, SPEC.md §2.3) adds 0.09 × the MoE time.
+def test_expert_imbalance_stretches_the_moe_part_and_the_busiest_receivers_exchange() -> None:
+    """Imbalance 1.09 (the measured decode figure, SPEC.md §2.3) adds 0.09 × the MoE time, and
+    the rank whose experts receive 1.09 × the mean tokens takes 1.09 × as long to exchange them.
 
     With the all-to-all fully hidden (GB200, EP64 inside one NVL72 domain) the step is
     overhead + dense + imbalance × moe, so the difference is exactly 0.09 × moe_s. When the
-    all-to-all is exposed (B200, EP64 over scale-out) extra compute hides more of it, so only
-    (1 - comm_overlap) of that stretch shows.
+    all-to-all is exposed (B200, EP64 over scale-out) the longer exchange shows, less what the
+    extra compute hides.
     """
     c, b, kv = decode_group("gb200")
     moe = c.moe_s(float(b.sum()) * 4.0 / 64, "decode")
     dense = float(c.decode_dense(b, kv, 4.0).max())
-    assert c.a2a_s(60 * 4.0, "decode") <= c.comm_overlap * (dense + moe)  # hidden
+    assert c.a2a_s(1.09 * 60 * 4.0, "decode") <= c.comm_overlap * (dense + moe)  # hidden
     diff = c.decode_step(b, kv, 4.0, imbalance=1.09) - c.decode_step(b, kv, 4.0, imbalance=1.0)
     assert diff == pytest.approx(0.09 * moe, rel=1e-9)
 
     c, b, kv = decode_group("b200")
     moe = c.moe_s(float(b.sum()) * 4.0 / 64, "decode")
     dense = float(c.decode_dense(b, kv, 4.0).max())
-    assert c.a2a_s(60 * 4.0, "decode") > c.comm_overlap * (dense + 1.09 * moe)  # exposed
+    sent, received = c.a2a_s(60 * 4.0, "decode"), c.a2a_s(1.09 * 60 * 4.0, "decode")
+    assert received > sent > c.comm_overlap * (dense + 1.09 * moe)  # exposed
     diff = c.decode_step(b, kv, 4.0, imbalance=1.09) - c.decode_step(b, kv, 4.0, imbalance=1.0)
-    assert diff == pytest.approx(0.09 * moe * (1 - c.comm_overlap), rel=1e-9)
+    assert diff == pytest.approx(received - sent + 0.09 * moe * (1 - c.comm_overlap), rel=1e-9)
+    assert c.exchange_tokens(np.full(64, 240.0), 1.09) == pytest.approx(1.09 * 240)
+    assert c.exchange_tokens(np.array([500.0] + [240.0] * 63), 1.09) == 500.0  # the sender
 
 
 @pytest.mark.parametrize("hw", ["gb200", "b200", "h200"])
