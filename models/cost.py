@@ -447,8 +447,8 @@ class RooflineStepCost(StepCost):
             load = load * 0.5
         compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
-        moe = self.moe_s(imbalance * float(load[2].sum()) / self.shape.ep, "decode")
-        received = imbalance * float(load[2].sum()) / self.shape.ep
+        received = imbalance * float(load[2].sum()) / self.shape.ep  # the hottest rank's tokens
+        moe = self.moe_s(received, "decode")
         comm = self.a2a_s(max(float(tokens_max), received), "decode")
         if tbo:
             return self.compose_tbo(dense_max, moe, comm)
