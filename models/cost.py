@@ -13,7 +13,7 @@ those into a step time:
 
 where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (DeepEP's
 two-micro-batch overlap) and lasts as long as its busiest end: the rank that sends the most
-tokens, or the one whose experts receive imbalance × the mean (``exchange_tokens``).
+tokens, or the one whose experts receive imbalance × the mean (``experts_and_exchange``).
 :class:`RooflineStepCost` derives the parts from ModelSpec × HardwareSpec with efficiency
 factors from YAML; calibrated profiles implement the same interface.
 """
@@ -143,11 +143,15 @@ class StepCost(ABC):
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Dispatch + combine time over all MoE layers for ``tokens_per_rank`` tokens per rank."""
 
-    def exchange_tokens(self, tokens: np.ndarray, imbalance: float) -> float:
-        """Token-copies' worth of one rank's exchange: an all-to-all lasts as long as its busiest
-        end — the rank that sends the most (its own tokens) or the one whose experts receive the
-        most (``imbalance`` × the group's mean)."""
-        return max(float(tokens.max()), imbalance * float(tokens.sum()) / self.shape.ep)
+    def experts_and_exchange(
+        self, sent_max: float, sent_sum: float, imbalance: float, phase: Phase
+    ) -> tuple[float, float]:
+        """(routed-expert time, all-to-all time) of a step whose ranks send ``sent_sum`` tokens,
+        the busiest ``sent_max``: the experts run at the hottest rank's load, ``imbalance`` × the
+        mean, and the exchange lasts as long as its busiest end — that rank receiving, or the
+        busiest sender sending."""
+        received = imbalance * sent_sum / self.shape.ep
+        return self.moe_s(received, phase), self.a2a_s(max(sent_max, received), phase)
 
     def compose(self, dense_max: float, moe: float, comm: float) -> float:
         compute = dense_max + moe
@@ -204,8 +208,9 @@ class StepCost(ABC):
         dense = self.decode_dense(batch, np.asarray(kv_tokens, dtype=float) * share, verify)
         i = int(np.argmax(dense))
         bare = float(self.decode_dense(batch[i : i + 1], np.zeros(1), verify)[0])
-        moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
-        comm = self.a2a_s(self.exchange_tokens(batch * verify, imbalance), "decode")
+        moe, comm = self.experts_and_exchange(
+            float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
+        )
         return self.breakdown(float(dense[i]), bare, moe, comm)
 
     def prefill_breakdown(
@@ -253,14 +258,14 @@ class StepCost(ABC):
             tokens_sum += tokens
             tokens_max = max(tokens_max, tokens)
         share = 0.5 if tbo else 1.0
-        ep = self.shape.ep
-        moe = self.moe_s(share * imbalance * tokens_sum / ep, "prefill")
-        # an exchange lasts as long as its busiest end: the rank sending the most tokens, or
-        # the one whose experts receive the most (imbalance × the mean)
-        comm = self.a2a_s(share * max(tokens_max, imbalance * tokens_sum / ep), "prefill")
+        moe, comm = self.experts_and_exchange(
+            share * tokens_max, share * tokens_sum, imbalance, "prefill"
+        )
         if replay_sum:
-            moe += self.moe_s(share * imbalance * replay_sum / ep, "replay")
-            comm += self.a2a_s(share * max(replay_max, imbalance * replay_sum / ep), "replay")
+            r_moe, r_comm = self.experts_and_exchange(
+                share * replay_max, share * replay_sum, imbalance, "replay"
+            )
+            moe, comm = moe + r_moe, comm + r_comm
         return dense_max, moe, comm
 
     def prefill_step(
@@ -303,8 +308,9 @@ class StepCost(ABC):
         if self.shape.two_batch_overlap:
             batch, kv_tokens = batch * 0.5, kv_tokens * 0.5
         dense_max = float(self.decode_dense(batch, kv_tokens, verify).max())
-        moe = self.moe_s(imbalance * float(batch.sum()) * verify / self.shape.ep, "decode")
-        comm = self.a2a_s(self.exchange_tokens(batch * verify, imbalance), "decode")
+        moe, comm = self.experts_and_exchange(
+            float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
+        )
         if self.shape.two_batch_overlap:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
@@ -318,8 +324,9 @@ class StepCost(ABC):
         batch, kv, tokens = load[0], load[1], load[2]
         verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
         dense_max = float(self.decode_dense(batch, kv, verify).max())
-        moe = self.moe_s(imbalance * float(tokens.sum()) / self.shape.ep, "decode")
-        comm = self.a2a_s(self.exchange_tokens(tokens, imbalance), "decode")
+        moe, comm = self.experts_and_exchange(
+            float(tokens.max()), float(tokens.sum()), imbalance, "decode"
+        )
         if self.shape.two_batch_overlap:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
@@ -447,9 +454,9 @@ class RooflineStepCost(StepCost):
             load = load * 0.5
         compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
-        received = imbalance * float(load[2].sum()) / self.shape.ep  # the hottest rank's tokens
-        moe = self.moe_s(received, "decode")
-        comm = self.a2a_s(max(float(tokens_max), received), "decode")
+        moe, comm = self.experts_and_exchange(
+            float(tokens_max), float(load[2].sum()), imbalance, "decode"
+        )
         if tbo:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)

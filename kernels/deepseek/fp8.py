@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .._util import FP8, FP8_MAX, capture_graph, fp8_supported
+from .._util import FP8, FP8_MAX, capture_graph, fp8_supported, median_time, next_pow2
 
 ROW_ALIGN = 16
 _TRITON: bool | None = None
@@ -232,25 +232,12 @@ GROUPED_TIMINGS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 BATCHED_MIN_ROWS = 2048  # the choice where the paths cannot be timed (inside a graph capture)
 
 
-def _rows_bucket(rows: int) -> int:
-    return 1 << max(0, rows - 1).bit_length()
-
-
 def _graphed_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 5) -> float:
     """Median GPU time of ``fn`` replayed as a CUDA graph, as the engine and the calibration
     run it: the kernels' time without the host's launch gaps (which, eagerly, made G small
     GEMMs look 4-10x slower than one batched call)."""
     graph = capture_graph(device, fn, lambda: None)
-    graph.replay()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e-3)
-    return sorted(times)[len(times) // 2]
+    return median_time(graph.replay, device, warmup=1, repeat=repeats)
 
 
 class GroupedFP8Linear:
@@ -269,7 +256,7 @@ class GroupedFP8Linear:
     def _use_batched(self, xq: torch.Tensor, xs: torch.Tensor) -> bool:
         rows = int(xq.shape[1])
         g, n, k = (int(d) for d in self.wq.shape)
-        key = (g, n, k, _rows_bucket(rows))
+        key = (g, n, k, next_pow2(rows))
         if key not in GROUPED_TIMINGS:
             if torch.cuda.is_current_stream_capturing():
                 return rows >= BATCHED_MIN_ROWS

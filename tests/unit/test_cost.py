@@ -422,8 +422,11 @@ def test_expert_imbalance_stretches_the_moe_part_and_the_busiest_receivers_excha
     assert received > sent > c.comm_overlap * (dense + 1.09 * moe)  # exposed
     diff = c.decode_step(b, kv, 4.0, imbalance=1.09) - c.decode_step(b, kv, 4.0, imbalance=1.0)
     assert diff == pytest.approx(received - sent + 0.09 * moe * (1 - c.comm_overlap), rel=1e-9)
-    assert c.exchange_tokens(np.full(64, 240.0), 1.09) == pytest.approx(1.09 * 240)
-    assert c.exchange_tokens(np.array([500.0] + [240.0] * 63), 1.09) == 500.0  # the sender
+    assert c.experts_and_exchange(240.0, 64 * 240.0, 1.09, "decode") == pytest.approx(
+        (c.moe_s(1.09 * 240, "decode"), received)
+    )
+    busy_sender = c.experts_and_exchange(500.0, 64 * 240.0, 1.09, "decode")[1]
+    assert busy_sender == pytest.approx(c.a2a_s(500.0, "decode"))
 
 
 @pytest.mark.parametrize("hw", ["gb200", "b200", "h200"])
