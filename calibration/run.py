@@ -143,6 +143,7 @@ def print_fits(profile: Profile, say: Callable[[str], None] = print) -> None:
 
 
 def fit_lines(model: str, fits: dict[str, FitError]) -> list[str]:
+    """``print_fits``' table for one model's fits: a header, then a line per fit."""
     lines = [f"{model:<14} {'train MAPE':>10} {'off-grid MAPE':>14} {'max off-grid':>13} points"]
     for key, f in fits.items():
         off = "-" if f.offgrid_mape is None else f"{f.offgrid_mape:.2%}"
@@ -159,8 +160,8 @@ def partial_fits(
     """The attention fits (and the routed experts', if timed) of a cut-short run's
     ``<out>.<model>.partial.json``, with their errors."""
     try:
-        m = measurements_of(json.loads(path.read_text())["raw"])
-        model = load_model(json.loads(path.read_text())["model"])
+        saved = json.loads(path.read_text())
+        m, model = measurements_of(saved["raw"]), load_model(saved["model"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a calibration's partial measurements ({exc})") from None
     fits = fit_attention(m, prefill_forms)[2]
