@@ -669,9 +669,11 @@ def fit_graphed_prefill(
     coefs: HardwareCoefs, hardware: str, rows: list[EngineRow], stack: ModelSpec
 ) -> tuple[dict[str, float], list[EngineRow]]:
     """What a prefill step replayed as a CUDA graph costs beyond the graphed kernel models: a
-    constant (graph launch, the step's own host work) plus a cost per prompt, fitted (non-negative
-    least squares, relative) on the timed steps of at most ``engine_prefill_graph_tokens``
-    tokens; and the rows left for the eager fits."""
+    constant of either sign (graph launch and the step's host work, less the fixed costs that the
+    one-kernel-at-a-time fits count and a graph overlaps), a cost per prompt and a cost per token
+    (the engine's work between the timed kernels), fitted by least squares on relative error
+    (per prompt and per token non-negative) on the timed steps of at most
+    ``engine_prefill_graph_tokens`` tokens; and the rows left for the eager fits."""
     from ..models.cost import PoolShape
     from ..models.profile_cost import ProfileStepCost
     from ..models.registry import load_hardware
@@ -686,10 +688,12 @@ def fit_graphed_prefill(
     )  # fmt: skip
     t = np.array([r[4] for r in graphed])
     resid = t - np.array([gpu.prefill_step([[(n, 0)] * b]) for _, b, n, _, _ in graphed])
-    F = np.array([(1.0, b) for _, b, _, _, _ in graphed], dtype=float)
-    x = lsq_linear(F / t[:, None], resid / t, bounds=(0, np.inf)).x
+    F = np.array([(1.0, b, b * n) for _, b, n, _, _ in graphed], dtype=float)
+    lower = (-np.inf, 0.0, 0.0)
+    x = lsq_linear(F / t[:, None], resid / t, bounds=(lower, np.inf)).x
     rest = [r for r in rows if not (r[0] == "prefill" and r[1] * r[2] <= limit)]
-    return {"prefill_graph_step_s": float(x[0]), "prefill_graph_per_seq_s": float(x[1])}, rest
+    keys = ("prefill_graph_step_s", "prefill_graph_per_seq_s", "prefill_graph_per_token_s")
+    return dict(zip(keys, map(float, x), strict=True)), rest
 
 
 def fit_loop_gaps(rows: list[EngineRow]) -> dict[str, float]:

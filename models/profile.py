@@ -205,11 +205,14 @@ class EngineOverhead(FrozenModel):
     decode_loop_per_seq_s: float = Field(0.0, ge=0)
     prefill_loop_s: float = Field(0.0, ge=0)
     # a prefill step replayed as a CUDA graph (HardwareCoefs.engine_prefill_graph_tokens): the
-    # graphed kernel models plus a constant (graph launch, the step's host bookkeeping) plus a
-    # cost per prompt (each prompt's own attention calls, whose fixed GPU cost a one-prompt
-    # kernel fit counts once)
-    prefill_graph_step_s: float = Field(0.0, ge=0)
+    # graphed kernel models plus a constant, a cost per prompt (each prompt's own attention
+    # calls, whose fixed GPU cost a one-prompt kernel fit counts once) and a cost per token (the
+    # engine's work between the timed kernels: norms, residuals, routing, embedding). The
+    # constant may be negative: the kernel fits' intercepts, timed one kernel at a time, count
+    # fixed costs that consecutive kernels in one graph overlap
+    prefill_graph_step_s: float = 0.0
     prefill_graph_per_seq_s: float = Field(0.0, ge=0)
+    prefill_graph_per_token_s: float = Field(0.0, ge=0)
     # layers per layer group of the timed engine stack (calibration.sweep.engine_stack); the
     # replay check runs the engine at this depth
     stack_depth: int = Field(1, ge=1)

@@ -90,6 +90,7 @@ class ProfileStepCost(StepCost):
         )
         self._graph_step_s = eng.prefill_graph_step_s
         self._graph_seq_s = eng.prefill_graph_per_seq_s
+        self._graph_token_s = eng.prefill_graph_per_token_s
 
         def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
@@ -177,15 +178,16 @@ class ProfileStepCost(StepCost):
         replay: Sequence[Sequence[Chunk]] = (),
     ) -> float:
         graphed = self._graphed  # replay rows are rows of the prompts: not counted twice
-        if graphed is not None and sum(n for c in ranks for n, _ in c) <= self._graph_tokens:
+        tokens = sum(n for c in ranks for n, _ in c)
+        if graphed is not None and tokens <= self._graph_tokens:
             t = graphed.prefill_step(ranks, imbalance, replay) + self.prefill_loop_s
-            return t + self._graph_step_s + self._graph_seq_s * sum(len(c) for c in ranks)
+            seqs = sum(len(c) for c in ranks)
+            return t + self._graph_step_s + self._graph_seq_s * seqs + self._graph_token_s * tokens
         t = super().prefill_step(ranks, imbalance, replay)
         if self._pre_host is None:
             return t
         h0, h_seq, h_tok, exposed = self._pre_host
         seqs = sum(len(c) for c in ranks)
-        tokens = sum(n for c in ranks for n, _ in c)
         host = h0 + h_seq * seqs + h_tok * tokens
         return max(t, host) + exposed * min(t, host) + self.prefill_loop_s
 

@@ -75,7 +75,7 @@ def versions() -> dict[str, str]:
         "flash_mla": fm,
         "attention": ", ".join(x for x in ran if "sparse" in x or "dense" in x) or "none yet",
         "gemm": "torch._scaled_mm / torch._scaled_grouped_mm, row-wise FP8 (DeepGEMM not used)",
-        "grouped_projection": grouped or "not timed (no GPU)",
+        "grouped_projection": grouped or "none ran (the model has no grouped projection)",
         "quantization": ", ".join(x for x in ran if "quantize" in x) or "none yet",
         "indexer": "project Triton lightning indexer, bf16 keys",
         "torch": torch.__version__,

@@ -34,6 +34,8 @@ from deepinfer_sim.models.registry import load_model
 VALIDATION = Path(str(resources.files("deepinfer_sim.calibration"))) / "validation"
 FLASH = "deepseek-v4.1-flash"
 MEASURED_MODELS = {"deepseek-v4.1-flash", "deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro"}
+# the shipped h200-deepseek of calls 5 and 6, which the replays of calls 4, 6 and 8 ran against
+CALLS_5_6 = str(VALIDATION / "h200-deepseek" / "shipped-calls5-6.yaml")
 
 
 def test_profiles_ship_and_cover_their_hardware_and_models():
@@ -117,7 +119,8 @@ def test_shipped_derived_profiles_are_reproducible():
 
 @pytest.mark.parametrize("folder", ["h200-deepseek", "h200-deepseek/call4"])
 def test_simulator_reproduces_the_recorded_deepseek_replays(folder):
-    """Every repeat of both traces, both phases, re-simulated with the shipped profile gives the
+    """Every repeat of both traces, both phases, re-simulated with the profile shipped from calls
+    5 and 6 (kept beside the data) gives the
     recorded errors; the medians over repeats are the documented accuracy. ``h200-deepseek``:
     replays on the machine whose engine steps the profile was fitted to; ``call4``: an earlier
     H200 machine. The bounds are the measured errors (calibration/README.md), not the targets
@@ -126,7 +129,7 @@ def test_simulator_reproduces_the_recorded_deepseek_replays(folder):
     path = VALIDATION / folder
     report = json.loads((path / "replay_report.json").read_text())
     assert report["profile"] == "h200-deepseek" and report["repeats"] == 3
-    got = recheck(load_profile("h200-deepseek"), path, report)
+    got = recheck(load_profile(CALLS_5_6), path, report)
     for trace, phases in report["traces"].items():
         for phase, want in phases.items():
             for g, w in zip(got[trace][phase]["runs"], want["runs"], strict=True):
@@ -155,8 +158,9 @@ def test_simulator_reproduces_the_recorded_reference_replay(phase):
 
 def test_call8_replays_reproduce_with_their_profile_and_bound_the_shipped_one():
     """Call 8 replayed with a profile timed at mixed decode context lengths (kept beside the
-    data, not shipped): re-simulated with it, every recorded error comes back; the shipped
-    profile's errors on the same replays are the ones calibration/README.md states."""
+    data, not shipped): re-simulated with it, every recorded error comes back; the errors of the
+    profile then shipped (calls 5 and 6) on the same replays are the ones calibration/README.md
+    states."""
     path = VALIDATION / "h200-deepseek" / "call8"
     report = json.loads((path / "replay_report.json").read_text())
     got = recheck(load_profile(str(path / "v41-spread.yaml")), path, report)
@@ -164,7 +168,7 @@ def test_call8_replays_reproduce_with_their_profile_and_bound_the_shipped_one():
         for phase, want in phases.items():
             for g, w in zip(got[trace][phase]["runs"], want["runs"], strict=True):
                 assert g["p50_rel_err"] == pytest.approx(w["p50_rel_err"], rel=1e-6)
-    shipped = recheck(load_profile("h200-deepseek"), path, report)
+    shipped = recheck(load_profile(CALLS_5_6), path, report)
     med = {(t, p): v["median"] for t, ph in shipped.items() for p, v in ph.items()}
     assert abs(med[("mooncake_conversation", "prefill")]["p50_rel_err"]) <= 0.01
     assert med[("mooncake_conversation", "prefill")]["abs_rel_err_p90"] <= 0.15
@@ -256,3 +260,29 @@ def test_calls_17_and_18_replays_recheck_and_show_what_the_decode_capture_fix_re
                     assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, phase, key)
     steps = pd.read_csv(folder / "replay_azure_conv_decode_steps.csv")
     assert int((steps["issue_s"] > 0.01).sum()) == on_clock_captures
+
+
+def test_call22_replays_with_the_shipped_profile_of_call_21():
+    """Call 21 calibrated V4.1-Flash (depth 4, graphed prefill, the grouped projection timed as
+    graphs) and call 22 replayed both traces with that profile. Re-simulated with it, every
+    recorded error comes back. The shipped h200-deepseek is that measurement re-fitted (prefix
+    prefill form, graphed prefill step with a cost per token): with it TTFT and TPOT meet the
+    targets on Mooncake, TPOT on Azure, and Azure's TTFT p90; Azure's TTFT p50 misses at −6.1 %
+    (its steps are predicted 2 % fast and a burst of arrivals queues behind them)."""
+    root = VALIDATION / "h200-deepseek"
+    folder = root / "call22" / "replay"
+    report = json.loads((folder / "replay_report.json").read_text())
+    assert report["shape"]["depth"] == 4 and report["repeats"] == 3
+    got = recheck(load_profile(str(root / "call21" / "v41.yaml")), folder, report)
+    for trace, phases in report["traces"].items():
+        for phase, stored in phases.items():
+            for g, w in zip(got[trace][phase]["runs"], stored["runs"], strict=True):
+                for key in ("abs_rel_err_p90", "p50_rel_err"):
+                    assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, phase, key)
+    shipped = recheck(load_profile("h200-deepseek"), folder, report)
+    med = {(t, p): v["median"] for t, ph in shipped.items() for p, v in ph.items()}
+    for trace, phase in med:
+        assert med[(trace, phase)]["abs_rel_err_p90"] <= 0.15, (trace, phase)
+        if (trace, phase) != ("azure_conv", "prefill"):
+            assert abs(med[(trace, phase)]["p50_rel_err"]) <= 0.05, (trace, phase)
+    assert -0.07 < med[("azure_conv", "prefill")]["p50_rel_err"] < -0.05

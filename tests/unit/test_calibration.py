@@ -319,11 +319,12 @@ def make_profile(dtypes: Dtypes | None = None, name: str = "test-measured") -> P
     )
 
 
-def test_graphed_engine_prefill_is_the_gpu_model_plus_a_fitted_constant():
+def test_graphed_engine_prefill_is_the_gpu_model_plus_fitted_step_prompt_and_token_terms():
     """A profile whose engine core replayed prefill steps of up to 4,096 tokens as CUDA graphs:
     the engine's StepCost prices such a step as the graphed kernel models plus the fitted
-    constant and cost per prompt (no launch gaps), and a longer step with the eager model; the
-    fit recovers both from timed graphed steps and fits the eager form on the others."""
+    constant (here negative: fixed costs a graph overlaps), cost per prompt and cost per token
+    (no launch gaps), and a longer step with the eager model; the fit recovers all three from
+    timed graphed steps and fits the eager form on the others."""
     from deepinfer_sim.calibration.sweep import fit_engine_overhead
     from deepinfer_sim.models.cost import StepParams
     from deepinfer_sim.models.profile import HostOverhead
@@ -339,17 +340,19 @@ def test_graphed_engine_prefill_is_the_gpu_model_plus_a_fitted_constant():
     for b, n in ((1, 128), (2, 512), (4, 1024), (1, 4096), (2, 4096), (1, 8192), (2, 8192)):
         t = gpu.prefill_step([[(n, 0)] * b])
         if b * n <= 4096:
-            t += 1.5e-3 + 1e-3 * b  # graph launch + the step's host work + per prompt
+            t += -1.5e-3 + 1e-3 * b + 2e-7 * b * n  # constant (overlap) + per prompt + token
         else:
             t += model.prefill_layers * 3e-4 + 2e-3 + 1e-3 * b  # eager: launch gaps + host
         rows.append(("prefill", b, n, 0, t))
     eng = fit_engine_overhead(coefs, "h200", rows, model)
-    assert eng.prefill_graph_step_s == pytest.approx(1.5e-3, rel=1e-6)
+    assert eng.prefill_graph_step_s == pytest.approx(-1.5e-3, rel=1e-6)
     assert eng.prefill_graph_per_seq_s == pytest.approx(1e-3, rel=1e-6)
+    assert eng.prefill_graph_per_token_s == pytest.approx(2e-7, rel=1e-6)
     fitted = coefs.model_copy(update={"engine_overhead": eng})
     engine = ProfileStepCost(model, hw, PoolShape(1, 0), fitted, step, eager=True)
     small = [[(1024, 0)] * 2]
-    assert engine.prefill_step(small) == pytest.approx(gpu.prefill_step(small) + 3.5e-3)
+    extra = -1.5e-3 + 2e-3 + 2e-7 * 2048
+    assert engine.prefill_step(small) == pytest.approx(gpu.prefill_step(small) + extra)
     for _, b, n, _, t in rows[-3:]:  # the eager steps: within the eager model's fit
         assert engine.prefill_step([[(n, 0)] * b]) == pytest.approx(t, rel=0.05)
     eager_only = coefs.model_copy(update={"engine_prefill_graph_tokens": 0})
@@ -412,9 +415,9 @@ def test_profile_cost_moe_is_the_fitted_moe_model(form, tile, k):
     assert c.moe_s(0.0, "decode") == 0.0
 
 
-def test_shipped_profiles_load_additive_moe_unchanged():
-    """Every shipped profile's MoE fits load with k = 1 and cost exactly the additive form's
-    a + e·E_act + f·rows per MoE layer."""
+def test_shipped_profiles_cost_their_moe_fits_form_exactly():
+    """Every shipped profile's MoE fits cost exactly their form per MoE layer: the additive
+    a + e·E_act + f·rows (k = 1), or the smooth a + ((e·E_act)^k + (f·rows)^k)^(1/k)."""
     from deepinfer_sim.models.profile import available_profiles
 
     model = load_model(FLASH)
@@ -422,9 +425,6 @@ def test_shipped_profiles_load_additive_moe_unchanged():
     E = model.experts_per_gpu(8, 0)
     for name in available_profiles():
         prof = load_profile(name)
-        for fits in prof.models.values():
-            for coefs in fits.hardware.values():
-                assert coefs.moe.k == 1.0, name
         if FLASH not in prof.models:
             continue
         for hw_name in prof.models[FLASH].hardware:
@@ -435,9 +435,9 @@ def test_shipped_profiles_load_additive_moe_unchanged():
                 R = tokens * model.moe.top_k
                 active = E * (1.0 - math.exp(-R / E))
                 rows = R if m.form == "exp" else m.tile * active * math.ceil(R / (active * m.tile))
-                per_layer = m.a + m.e * active
-                per_layer += m.f * rows
-                assert c.moe_s(tokens, "decode") == per_layer * model.moe_layer_count("decode")
+                per_layer = m.a + ((m.e * active) ** m.k + (m.f * rows) ** m.k) ** (1 / m.k)
+                want = per_layer * model.moe_layer_count("decode")
+                assert c.moe_s(tokens, "decode") == pytest.approx(want, rel=1e-12), name
 
 
 def old_step_cost(coefs: HardwareCoefs, model, n: int, p: int, B: float, K: float, v: float):

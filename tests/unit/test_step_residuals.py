@@ -75,7 +75,7 @@ def test_ratios_are_measured_over_predicted_and_split_uniform_from_mixed():
 
 
 def test_the_stored_replays_are_rebuilt_step_for_step():
-    res = residuals(STORED)
+    res = residuals(STORED, str(STORED / "shipped-calls5-6.yaml"))  # the profile they ran with
     dec = res["mooncake_conversation"]["decode"]
     assert dec["rebuilt_batch_matches"] == dec["steps"] > 1000
     for trace in res.values():
