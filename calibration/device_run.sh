@@ -17,7 +17,8 @@
 # prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
-# replays the engine core on N layers per layer group (calibrate --engine-depth, replay --depth).
+# replays the engine core on N layers per layer group (calibrate --engine-depth, replay --depth);
+# NO_ENGINE=1 times no engine steps in v3 / v4flash / v4pro (their kernel fits only).
 # Replay: REPLAY_NAME (the folder and $OUT/<name>.tar.gz, default replay), REPLAY_TRACES,
 # REPLAY_PHASES, REPLAY_REQUESTS, REPLAY_LIMIT (seconds, default 330); the GPU's clocks, power
 # and temperature are sampled every 250 ms into <name>/gpu_clocks.csv while it runs.
@@ -65,6 +66,7 @@ fi
 P="python3 -m deepinfer_sim"
 ALL_TRACES=mooncake_conversation,azure_conv
 CAL="$P.cli calibrate --device cuda --kernels deepseek --quick --name h200-deepseek"
+NOENG=; [ "${NO_ENGINE:-0}" = 1 ] && NOENG=--no-engine  # v3 / v4flash / v4pro: kernel fits only
 for stage in "$@"; do
   case $stage in
     check) dg=--deepgemm; [ "${DEEPGEMM_PROBE:-1}" = 0 ] && dg=
@@ -82,9 +84,9 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
         --decode-spread "${DECODE_SPREAD:-0.5}" --out "$OUT/v41.yaml" ;;
     mixed) run 200 mixed $P.calibration.mixed_contexts --out "$OUT/mixed.json" ;;
     sizes) run 150 sizes $P.calibration.prefill_sizes --out "$OUT/prefill_sizes.json" ;;
-    v3) run 300 v3 $CAL --model deepseek-v3 --no-vision --out "$OUT/v3.yaml" ;;
-    v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision --out "$OUT/v4flash.yaml" ;;
-    v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision --out "$OUT/v4pro.yaml" ;;
+    v3) run 300 v3 $CAL --model deepseek-v3 --no-vision $NOENG --out "$OUT/v3.yaml" ;;
+    v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision $NOENG --out "$OUT/v4flash.yaml" ;;
+    v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision $NOENG --out "$OUT/v4pro.yaml" ;;
     reference) run 300 reference $P.cli calibrate --device cuda --kernels reference --quick \
         --model deepseek-v4.1-flash --no-vision --out "$OUT/reference.yaml" ;;
     replay)
