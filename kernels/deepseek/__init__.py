@@ -69,6 +69,7 @@ def versions() -> dict[str, str]:
     ran = sorted(flashmla.used | fp8.used)
     grouped = "; ".join(
         f"{g}x{n}x{k} <={rows} rows: batched {b * 1e6:.0f} / per group {p * 1e6:.0f} us"
+        " (summed at both ends of the bucket)"
         for (g, n, k, rows), (b, p) in sorted(fp8.GROUPED_TIMINGS.items())
     )
     return {

@@ -225,9 +225,11 @@ class FP8Linear:
 
 
 # (groups, N, K, rows bucket) -> (batched seconds, per-group seconds): the grouped projection's
-# two paths timed as CUDA graphs on first use. On the H200 (torch 2.11) the batched grouped GEMM
+# two paths timed as CUDA graphs on first use, each the sum of its times at the bucket's two ends
+# (just above half the bucket, and the bucket). On the H200 (torch 2.11) the batched grouped GEMM
 # takes a kernel below 2,048 rows that costs 2.4x what it does at 2,048 (device call 16,
-# prefill_sizes.json).
+# prefill_sizes.json): timed at 2,048 alone it won the 1,025-2,048 bucket by 1 % for V4-Flash and
+# then cost 40 % more at 1,100 rows (device call 23).
 GROUPED_TIMINGS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 BATCHED_MIN_ROWS = 2048  # the choice where the paths cannot be timed (inside a graph capture)
 
@@ -243,8 +245,9 @@ def _graphed_seconds(fn: Callable[[], object], device: torch.device, repeats: in
 class GroupedFP8Linear:
     """G independent ``[K -> N]`` maps over G column slices (V4's grouped output projection);
     input quantized once into ``[G, M_pad, K]``: one batched grouped GEMM, or one FP8 GEMM per
-    group — whichever was faster when this shape's row count (to the next power of two) was
-    first seen (``GROUPED_TIMINGS``), as an engine autotunes a kernel per size."""
+    group — whichever was faster, over both ends of the row bucket (rows to the next power of
+    two), when the bucket was first seen (``GROUPED_TIMINGS``), as an engine autotunes a kernel
+    per size."""
 
     def __init__(self, weight: torch.Tensor, fp8: bool = True) -> None:  # [G, N, K]
         self.groups = int(weight.shape[0])
@@ -256,16 +259,25 @@ class GroupedFP8Linear:
     def _use_batched(self, xq: torch.Tensor, xs: torch.Tensor) -> bool:
         rows = int(xq.shape[1])
         g, n, k = (int(d) for d in self.wq.shape)
-        key = (g, n, k, next_pow2(rows))
+        bucket = next_pow2(rows)
+        key = (g, n, k, bucket)
         if key not in GROUPED_TIMINGS:
             if torch.cuda.is_current_stream_capturing():
                 return rows >= BATCHED_MIN_ROWS
-            GROUPED_TIMINGS[key] = (
-                _graphed_seconds(lambda: self._batched(xq, xs), xq.device),
-                _graphed_seconds(lambda: self._per_group(xq, xs, rows), xq.device),
-            )
+            GROUPED_TIMINGS[key] = self._time_paths(bucket, xq)
         batched_s, per_group_s = GROUPED_TIMINGS[key]
         return batched_s <= per_group_s
+
+    def _time_paths(self, bucket: int, like: torch.Tensor) -> tuple[float, float]:
+        """(batched, per-group) seconds, each summed over the bucket's two ends."""
+        g, _, k = (int(d) for d in self.wq.shape)
+        batched_s = per_group_s = 0.0
+        for m in sorted({padded_rows(bucket // 2 + 1), bucket}):
+            q = torch.zeros((g, m, k), device=like.device, dtype=torch.bfloat16).to(like.dtype)
+            s = torch.ones((g, m), device=like.device)
+            batched_s += _graphed_seconds(lambda: self._batched(q, s), like.device)  # noqa: B023
+            per_group_s += _graphed_seconds(lambda: self._per_group(q, s, m), like.device)  # noqa: B023
+        return batched_s, per_group_s
 
     def _per_group(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> torch.Tensor:
         outs = [fp8_gemm(xq[g], xs[g], wq, ws)[:m] for g, (wq, ws) in enumerate(self.parts)]

@@ -254,8 +254,9 @@ def test_deepgemm_moe_bench_lists_its_decode_shapes(capsys):
 def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypatch):
     """Where both paths exist (a GPU), the grouped output projection times the batched grouped
     GEMM and the per-group GEMMs (as CUDA graphs) once per (shape, rows to the next power of
-    two) and takes the faster; inside a graph capture, with no timing possible, an unseen size
-    takes the batched GEMM from 2,048 rows. Both paths give the same numbers."""
+    two), at both ends of that bucket (just above half of it, and all of it), and takes the
+    faster over the two; inside a graph capture, with no timing possible, an unseen size takes
+    the batched GEMM from 2,048 rows. Both paths give the same numbers."""
     import torch
 
     lin = fp8.GroupedFP8Linear(torch.randn(3, 8, 16), fp8=False)
@@ -263,15 +264,19 @@ def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypat
     per_group = lin._per_group(xq, xs, 48)
 
     def batched(q, s):  # what torch._scaled_grouped_mm computes, [G, M_pad, N]
-        return per_group.view(48, 3, 8).transpose(0, 1)
+        m = int(q.shape[1])
+        return lin._per_group(q, s, m).view(m, 3, 8).transpose(0, 1)
 
     monkeypatch.setattr(lin, "_batched", batched)
     lin.batched = True
     times = {"batched": 2.0, "per_group": 1.0}
     timed: list[str] = []
 
+    rows_timed: list[int] = []
+
     def fake_seconds(fn, device, repeats=5):  # called for the batched path, then per group
-        fn()
+        out = fn()
+        rows_timed.append(int(out.shape[-2] if out.dim() == 3 else out.shape[0]))
         timed.append(("batched", "per_group")[len(timed) % 2])
         return times[timed[-1]]
 
@@ -279,12 +284,13 @@ def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypat
     monkeypatch.setattr(fp8, "GROUPED_TIMINGS", {})
     monkeypatch.setattr(fp8, "_graphed_seconds", fake_seconds)
     assert torch.equal(lin(xq, xs, 48), per_group)
-    assert fp8.GROUPED_TIMINGS == {(3, 8, 16, 64): (2.0, 1.0)}
-    assert not lin._use_batched(xq[:, :40], xs[:, :40]) and len(timed) == 2  # same bucket
+    assert fp8.GROUPED_TIMINGS == {(3, 8, 16, 64): (4.0, 2.0)}  # rows 48 and 64, summed
+    assert rows_timed == [48, 48, 64, 64]
+    assert not lin._use_batched(xq[:, :40], xs[:, :40]) and len(timed) == 4  # same bucket
     times["batched"] = 0.5
-    assert lin._use_batched(xq[:, :16], xs[:, :16]) and len(timed) == 4  # a new bucket
+    assert lin._use_batched(xq[:, :16], xs[:, :16]) and len(timed) == 6  # a new bucket: 16 only
     assert torch.equal(lin(xq[:, :16], xs[:, :16], 16), per_group[:16])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     big = torch.zeros(3, 2048, 16)
     assert lin._use_batched(big, big[..., 0]) and not lin._use_batched(xq[:, :5], xs[:, :5])
-    assert len(fp8.GROUPED_TIMINGS) == 2 and len(timed) == 4
+    assert len(fp8.GROUPED_TIMINGS) == 2 and len(timed) == 6
