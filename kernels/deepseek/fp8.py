@@ -24,6 +24,7 @@ multiplied in float32 ("emulated"), so tests check the numerics.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
@@ -275,8 +276,8 @@ class GroupedFP8Linear:
         for m in sorted({padded_rows(bucket // 2 + 1), bucket}):
             q = torch.zeros((g, m, k), device=like.device, dtype=torch.bfloat16).to(like.dtype)
             s = torch.ones((g, m), device=like.device)
-            batched_s += _graphed_seconds(lambda: self._batched(q, s), like.device)  # noqa: B023
-            per_group_s += _graphed_seconds(lambda: self._per_group(q, s, m), like.device)  # noqa: B023
+            batched_s += _graphed_seconds(partial(self._batched, q, s), like.device)
+            per_group_s += _graphed_seconds(partial(self._per_group, q, s, m), like.device)
         return batched_s, per_group_s
 
     def _per_group(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> torch.Tensor:
