@@ -286,3 +286,23 @@ def test_call22_replays_with_the_shipped_profile_of_call_21():
         if (trace, phase) != ("azure_conv", "prefill"):
             assert abs(med[(trace, phase)]["p50_rel_err"]) <= 0.05, (trace, phase)
     assert -0.07 < med[("azure_conv", "prefill")]["p50_rel_err"] < -0.05
+
+
+def test_call25_prefill_replays_on_another_machine_with_the_shipped_profile():
+    """Call 25 replayed prefill with the shipped h200-deepseek on another H200 machine: every
+    recorded error comes back on the CPU. Mooncake's TTFT meets both targets (+1.4 % at p50,
+    5.7 % at p90), Azure's p50 now does (−1.0 %, where call 22 measured −6.1 %) and its p90 does
+    not (25.3 %: two of three repeats queued differently in the burst, 29.1 and 25.3 %)."""
+    folder = VALIDATION / "h200-deepseek" / "call25" / "replay"
+    report = json.loads((folder / "replay_report.json").read_text())
+    assert report["shape"]["depth"] == 4 and report["repeats"] == 3
+    got = recheck(load_profile("h200-deepseek"), folder, report)
+    for trace, phases in report["traces"].items():
+        for g, w in zip(got[trace]["prefill"]["runs"], phases["prefill"]["runs"], strict=True):
+            for key in ("abs_rel_err_p90", "p50_rel_err"):
+                assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, key)
+    med = {t: ph["prefill"]["median"] for t, ph in got.items()}
+    assert abs(med["mooncake_conversation"]["p50_rel_err"]) <= 0.05
+    assert med["mooncake_conversation"]["abs_rel_err_p90"] <= 0.15
+    assert abs(med["azure_conv"]["p50_rel_err"]) <= 0.05
+    assert 0.2 < med["azure_conv"]["abs_rel_err_p90"] < 0.3
