@@ -38,6 +38,17 @@ MEASURED_MODELS = {"deepseek-v4.1-flash", "deepseek-v3", "deepseek-v4-flash", "d
 CALLS_5_6 = str(VALIDATION / "h200-deepseek" / "shipped-calls5-6.yaml")
 
 
+def rechecked(profile, folder: Path, report: dict) -> dict:
+    """``recheck`` of a stored replay, asserting that every recorded repeat's errors come back."""
+    got = recheck(profile, folder, report)
+    for trace, phases in report["traces"].items():
+        for phase, stored in phases.items():
+            for g, w in zip(got[trace][phase]["runs"], stored["runs"], strict=True):
+                for key in ("abs_rel_err_p90", "p50_rel_err"):
+                    assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, phase, key)
+    return got
+
+
 def test_profiles_ship_and_cover_their_hardware_and_models():
     names = {"h200-deepseek", "h200-reference", "sm100-derived", "ascend950-derived"}
     assert names <= set(available_profiles())
@@ -252,12 +263,7 @@ def test_calls_17_and_18_replays_recheck_and_show_what_the_decode_capture_fix_re
     folder = root / replays
     report = json.loads((folder / "replay_report.json").read_text())
     assert report["shape"]["depth"] == 4 and report["repeats"] == 3
-    got = recheck(load_profile(str(root / profile)), folder, report)
-    for trace, phases in report["traces"].items():
-        for phase, stored in phases.items():
-            for g, w in zip(got[trace][phase]["runs"], stored["runs"], strict=True):
-                for key in ("abs_rel_err_p90", "p50_rel_err"):
-                    assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, phase, key)
+    rechecked(load_profile(str(root / profile)), folder, report)
     steps = pd.read_csv(folder / "replay_azure_conv_decode_steps.csv")
     assert int((steps["issue_s"] > 0.01).sum()) == on_clock_captures
 
@@ -273,12 +279,7 @@ def test_call22_replays_with_the_shipped_profile_of_call_21():
     folder = root / "call22" / "replay"
     report = json.loads((folder / "replay_report.json").read_text())
     assert report["shape"]["depth"] == 4 and report["repeats"] == 3
-    got = recheck(load_profile(str(root / "call21" / "v41.yaml")), folder, report)
-    for trace, phases in report["traces"].items():
-        for phase, stored in phases.items():
-            for g, w in zip(got[trace][phase]["runs"], stored["runs"], strict=True):
-                for key in ("abs_rel_err_p90", "p50_rel_err"):
-                    assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, phase, key)
+    rechecked(load_profile(str(root / "call21" / "v41.yaml")), folder, report)
     shipped = recheck(load_profile("h200-deepseek"), folder, report)
     med = {(t, p): v["median"] for t, ph in shipped.items() for p, v in ph.items()}
     for trace, phase in med:
@@ -297,11 +298,7 @@ def test_call25_prefill_replays_on_another_machine_with_the_shipped_profile():
     folder = VALIDATION / "h200-deepseek" / "call25" / "replay"
     report = json.loads((folder / "replay_report.json").read_text())
     assert report["shape"]["depth"] == 4 and report["repeats"] == 3
-    got = recheck(load_profile("h200-deepseek"), folder, report)
-    for trace, phases in report["traces"].items():
-        for g, w in zip(got[trace]["prefill"]["runs"], phases["prefill"]["runs"], strict=True):
-            for key in ("abs_rel_err_p90", "p50_rel_err"):
-                assert g[key] == pytest.approx(w[key], rel=1e-6), (trace, key)
+    got = rechecked(load_profile("h200-deepseek"), folder, report)
     med = {t: ph["prefill"]["median"] for t, ph in got.items()}
     assert abs(med["mooncake_conversation"]["p50_rel_err"]) <= 0.05
     assert med["mooncake_conversation"]["abs_rel_err_p90"] <= 0.15
