@@ -26,6 +26,7 @@ is only modelled; the provenance says from where.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -118,34 +119,32 @@ def carry_a2a(profile: Profile, source: Profile) -> Profile:
     )
 
 
+def _forms(text: str) -> tuple[PrefillForm, ...]:
+    names = tuple(text.split(","))
+    if not names or set(names) - set(get_args(PrefillForm)):
+        raise argparse.ArgumentTypeError(f"choose from smooth, prefix (got {text})")
+    return cast("tuple[PrefillForm, ...]", names)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    a2a = None
-    if "--a2a-from" in args:
-        i = args.index("--a2a-from")
-        a2a = args[i + 1]
-        del args[i : i + 2]
-    forms: tuple[PrefillForm, ...] = PREFILL_FORMS
-    if "--prefill-forms" in args:
-        i = args.index("--prefill-forms")
-        names = tuple(args[i + 1].split(","))
-        del args[i : i + 2]
-        if not names or set(names) - set(get_args(PrefillForm)):
-            print(
-                f"error: --prefill-forms: choose from smooth, prefix (got {','.join(names)})",
-                file=sys.stderr,
-            )
-            return 2
-        forms = cast("tuple[PrefillForm, ...]", names)
-    json_out = None
-    if "--json" in args:
-        i = args.index("--json")
-        json_out = Path(args[i + 1]) if i + 1 < len(args) else None
-        del args[i : i + 2]
-    if "--partial" in args:
-        i = args.index("--partial")
-        path = Path(args[i + 1]) if i + 1 < len(args) else None
-        if path is None or not path.is_file():
+    ap = argparse.ArgumentParser(
+        prog="python -m deepinfer_sim.calibration.refit",
+        description="Re-fit a measured profile from its raw measurements (IN.yaml OUT.yaml), or "
+        "fit a cut-short calibration's partial measurements (--partial FILE).",
+    )
+    ap.add_argument("paths", nargs="*", metavar="IN.yaml OUT.yaml")
+    ap.add_argument("--kernels", action="store_true", help="re-fit the kernel fits too")
+    ap.add_argument("--prefill-forms", type=_forms, default=PREFILL_FORMS)
+    ap.add_argument("--a2a-from", metavar="PROFILE")
+    ap.add_argument("--partial", type=Path, metavar="FILE")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="with --partial: the fits as JSON")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    forms: tuple[PrefillForm, ...] = args.prefill_forms
+    if args.partial is not None:
+        path: Path = args.partial
+        if args.paths:
+            ap.error("--partial takes no IN.yaml OUT.yaml")
+        if not path.is_file():
             print(f"error: --partial: no file {path}", file=sys.stderr)
             return 2
         try:
@@ -154,27 +153,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         print("\n".join(fit_lines(path.name, fits)))
-        if json_out is not None:
+        if args.json is not None:
             table = {key: f.model_dump() for key, f in fits.items()}
-            json_out.write_text(json.dumps(table, indent=2) + "\n")
+            args.json.write_text(json.dumps(table, indent=2) + "\n")
         return 0
-    kernels = "--kernels" in args
-    if kernels:
-        args.remove("--kernels")
-    if len(args) != 2:
-        print(
-            "usage: python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels"
-            " [--prefill-forms smooth,prefix]] [--a2a-from P]  |  --partial FILE [--json F]",
-            file=sys.stderr,
-        )
-        return 2
-    profile = load_profile(args[0])
-    if kernels:
+    if len(args.paths) != 2:
+        ap.error("give IN.yaml and OUT.yaml (or --partial FILE)")
+    profile = load_profile(args.paths[0])
+    if args.kernels:
         profile = refit_kernels(profile, forms)
     profile = refit_engine(profile)
-    if a2a:
-        profile = carry_a2a(profile, load_profile(a2a))
-    write_profile(profile, Path(args[1]))
+    if args.a2a_from:
+        profile = carry_a2a(profile, load_profile(args.a2a_from))
+    write_profile(profile, Path(args.paths[1]))
     return 0
 
 

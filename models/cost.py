@@ -120,6 +120,7 @@ class StepCost(ABC):
     shape: PoolShape
     step_overhead_s: float
     comm_overlap: float
+    _a2a: AllToAll  # the pool's expert-parallel exchange
 
     @abstractmethod
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
@@ -139,9 +140,14 @@ class StepCost(ABC):
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Routed-expert time of one rank that receives this many tokens (per MoE layer)."""
 
-    @abstractmethod
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Dispatch + combine time over all MoE layers for ``tokens_per_rank`` tokens per rank."""
+        return self._a2a.time(tokens_per_rank, phase)
+
+    @property
+    def dispatch_share(self) -> float:
+        """The dispatch's share of one exchange's time (by bytes)."""
+        return self._a2a.dispatch_share
 
     def experts_and_exchange(
         self, sent_max: float, sent_sum: float, imbalance: float, phase: Phase
@@ -157,8 +163,6 @@ class StepCost(ABC):
         compute = dense_max + moe
         exposed = max(0.0, comm - self.comm_overlap * compute)
         return self.step_overhead_s + compute + exposed
-
-    dispatch_share: float = 0.5  # the dispatch's share of one exchange's time (AllToAll's)
 
     def compose_tbo(self, dense_half: float, moe_half: float, comm_half: float) -> float:
         """Two-batch overlap: the step runs as two micro-batches of half the load (fixed costs
@@ -400,7 +404,6 @@ class RooflineStepCost(StepCost):
         )
         self._packed_offset = np.array([[0.0], [self._m0], [0.0]])
         self._a2a = AllToAll(model, hw, ep, step.all_to_all)
-        self.dispatch_share = self._a2a.dispatch_share
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
@@ -460,6 +463,3 @@ class RooflineStepCost(StepCost):
         if tbo:
             return self.compose_tbo(dense_max, moe, comm)
         return self.compose(dense_max, moe, comm)
-
-    def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
-        return self._a2a.time(tokens_per_rank, phase)

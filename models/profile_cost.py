@@ -169,7 +169,6 @@ class ProfileStepCost(StepCost):
         self._a2a = AllToAll(
             model, hw, shape.ep, step.all_to_all, a2a.link_efficiency, a2a.latency_s
         )
-        self.dispatch_share = self._a2a.dispatch_share
 
     def prefill_step(
         self,
@@ -244,6 +243,3 @@ class ProfileStepCost(StepCost):
         m = w if w > g else g
         both = m * ((w / m) ** k + (g / m) ** k) ** (1.0 / k) if m > 0 else 0.0
         return (self._moe_const + self._moe_host[phase] + both) * self._moe_layers[phase]
-
-    def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
-        return self._a2a.time(tokens_per_rank, phase)

@@ -257,7 +257,7 @@ class GroupedFP8Linear:
         self.ws = torch.stack([ws for _, ws in self.parts])  # [G, N]
         self.batched = fp8 and weight.is_cuda and self._batched_works()
 
-    def _use_batched(self, xq: torch.Tensor, xs: torch.Tensor) -> bool:
+    def _use_batched(self, xq: torch.Tensor) -> bool:
         rows = int(xq.shape[1])
         g, n, k = (int(d) for d in self.wq.shape)
         bucket = next_pow2(rows)
@@ -301,7 +301,7 @@ class GroupedFP8Linear:
         )
 
     def __call__(self, xq: torch.Tensor, xs: torch.Tensor, m: int) -> torch.Tensor:
-        if self.batched and self._use_batched(xq, xs):
+        if self.batched and self._use_batched(xq):
             used.add("scaled_grouped_mm.batched")
             y = self._batched(xq, xs)  # [G, M_pad, N]
             return y[:, :m].transpose(0, 1).reshape(m, -1)

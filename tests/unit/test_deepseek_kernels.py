@@ -286,11 +286,11 @@ def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypat
     assert torch.equal(lin(xq, xs, 48), per_group)
     assert fp8.GROUPED_TIMINGS == {(3, 8, 16, 64): (4.0, 2.0)}  # rows 48 and 64, summed
     assert rows_timed == [48, 48, 64, 64]
-    assert not lin._use_batched(xq[:, :40], xs[:, :40]) and len(timed) == 4  # same bucket
+    assert not lin._use_batched(xq[:, :40]) and len(timed) == 4  # same bucket
     times["batched"] = 0.5
-    assert lin._use_batched(xq[:, :16], xs[:, :16]) and len(timed) == 6  # a new bucket: 16 only
+    assert lin._use_batched(xq[:, :16]) and len(timed) == 6  # a new bucket: 16 only
     assert torch.equal(lin(xq[:, :16], xs[:, :16], 16), per_group[:16])
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     big = torch.zeros(3, 2048, 16)
-    assert lin._use_batched(big, big[..., 0]) and not lin._use_batched(xq[:, :5], xs[:, :5])
+    assert lin._use_batched(big) and not lin._use_batched(xq[:, :5])
     assert len(fp8.GROUPED_TIMINGS) == 2 and len(timed) == 6
