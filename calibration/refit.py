@@ -58,7 +58,9 @@ def refit_kernels(
     (all else — all-to-all, vision, host overheads — kept); ``prefill_forms``: the prefill forms
     to choose from (``fit.fit_prefill``)."""
     if profile.provenance.kind != "measured":
-        raise ValueError("only a measured profile has raw kernel measurements to re-fit")
+        raise UserError(
+            f"{profile.name}: only a measured profile has raw kernel measurements to re-fit"
+        )
     models = {}
     for name, fits in profile.models.items():
         prefill, decode, moe, errors = fit_kernels(
@@ -74,7 +76,7 @@ def refit_kernels(
 
 def refit_engine(profile: Profile) -> Profile:
     if profile.provenance.kind != "measured":
-        raise ValueError("only a measured profile has raw engine steps to re-fit")
+        raise UserError(f"{profile.name}: only a measured profile has raw engine steps to re-fit")
     models = {}
     for name, fits in profile.models.items():
         rows = [
@@ -100,9 +102,9 @@ def carry_a2a(profile: Profile, source: Profile) -> Profile:
     """``profile`` with the measured all-to-all of ``source`` (same device) in every model."""
     (src,) = source.models.values() if len(source.models) == 1 else (None,)
     if src is None or not all(c.a2a.measured for c in src.hardware.values()):
-        raise ValueError(f"{source.name} has no single measured all-to-all to carry")
+        raise UserError(f"{source.name} has no single measured all-to-all to carry")
     if source.provenance.device != profile.provenance.device:
-        raise ValueError("the all-to-all must come from the same kind of device")
+        raise UserError("the all-to-all must come from the same kind of device")
     models = {}
     for name, fits in profile.models.items():
         hardware = {
@@ -159,12 +161,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(args.paths) != 2:
         ap.error("give IN.yaml and OUT.yaml (or --partial FILE)")
-    profile = load_profile(args.paths[0])
-    if args.kernels:
-        profile = refit_kernels(profile, forms)
-    profile = refit_engine(profile)
-    if args.a2a_from:
-        profile = carry_a2a(profile, load_profile(args.a2a_from))
+    try:
+        profile = load_profile(args.paths[0])
+        if args.kernels:
+            profile = refit_kernels(profile, forms)
+        profile = refit_engine(profile)
+        if args.a2a_from:
+            profile = carry_a2a(profile, load_profile(args.a2a_from))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     write_profile(profile, Path(args.paths[1]))
     return 0
 

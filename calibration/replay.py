@@ -257,16 +257,23 @@ def free_device_cache(device: str) -> None:
 
 
 def recheck(
-    profile: Profile, folder: Path, report: dict[str, Any], shape: ReplayShape | None = None
+    profile: Profile,
+    folder: Path,
+    report: dict[str, Any],
+    shape: ReplayShape | None = None,
+    step_scale: float = 1.0,
 ) -> dict[str, Any]:
     """The errors of every stored repeat (``replay_<trace>_<phase>.csv``) re-simulated with
-    ``profile``, in the report's layout: what a CPU test compares with the stored report."""
+    ``profile``, in the report's layout: what a CPU test compares with the stored report.
+    ``step_scale``: every simulated step cost times this factor (simulated exactly, as the
+    replay with arrivals divided by it, its latencies multiplied by it)."""
     shape = shape or ReplayShape(**report["shape"])
     out: dict[str, Any] = {}
     for trace, phases in report["traces"].items():
         for phase in phases:
             frame = pd.read_csv(folder / f"replay_{trace}_{phase}.csv")
-            simulated = PHASES[phase][1](frame, profile, shape)
+            stretched = frame.assign(arrival_s=frame["arrival_s"] / step_scale)
+            simulated = PHASES[phase][1](stretched, profile, shape) * step_scale
             cols = sorted(c for c in frame.columns if c.startswith("measured_s_"))
             runs = [errors(frame[c].to_numpy(), simulated) for c in cols]
             out.setdefault(trace, {})[phase] = {"median": summarize(runs), "runs": runs}

@@ -9,8 +9,9 @@ the step model alone, binned by what the step held.
   first served up to the batch limit, and a request leaves after ``output_len − 1`` steps), which
   tells steps whose sequences all have one context length ("uniform", as the calibration grid
   times them) from mixed ones. The rebuild is checked against the recorded batch sizes.
-- **prefill**: steps of one prompt (no prefix in these replays), the only ones whose chunks the
-  step file pins down exactly.
+- **prefill**: a prefill-only replay takes whole prompts first come, first served, so each
+  step's prompts are the next ``prefill_seqs`` requests (checked against the step's recorded
+  tokens); residuals binned by tokens and by prompts per step.
 
 ``python -m deepinfer_sim.calibration.step_residuals FOLDER [--json FILE]`` prints the tables.
 """
@@ -30,6 +31,7 @@ from .validate import ReplayShape, validation_cost
 
 DECODE_BINS = (0, 1, 2, 4, 8, 16, 32, 64)
 PREFILL_BINS = (0, 256, 1024, 2048, 4096, 8192, 16384)
+PROMPT_BINS = (0, 1, 2, 4, 8, 32)
 
 
 def _records(table: pd.DataFrame) -> list[dict[str, Any]]:
@@ -87,24 +89,48 @@ def decode_residuals(
     }
 
 
-def prefill_residuals(steps: pd.DataFrame, cost: Any) -> dict[str, Any]:
-    one = steps[steps["prefill_seqs"] == 1]
-    s = one.assign(
-        measured_s=one["end_s"] - one["start_s"],
-        predicted_s=[cost.prefill_step([[(int(n), 0)]]) for n in one["prefill_tokens"]],
+def prefill_prompts(requests: pd.DataFrame, steps: pd.DataFrame) -> list[list[int] | None]:
+    """Per recorded prefill step, the prompt lengths it held: a prefill-only replay takes whole
+    prompts first come, first served, so step k holds the next ``prefill_seqs`` requests. None
+    where their lengths do not sum to the step's recorded tokens (the rebuild lost track)."""
+    lengths = requests["prompt_len"].to_numpy(np.int64)
+    out: list[list[int] | None] = []
+    nxt = 0
+    for k, tokens in zip(steps["prefill_seqs"], steps["prefill_tokens"], strict=True):
+        held = lengths[nxt : nxt + int(k)]
+        nxt += int(k)
+        out.append([int(n) for n in held] if int(held.sum()) == int(tokens) else None)
+    return out
+
+
+def prefill_residuals(requests: pd.DataFrame, steps: pd.DataFrame, cost: Any) -> dict[str, Any]:
+    prompts = prefill_prompts(requests, steps)
+    kept = [i for i, p in enumerate(prompts) if p is not None]
+    s = steps.iloc[kept].assign(
+        measured_s=lambda f: f["end_s"] - f["start_s"],
+        predicted_s=[cost.prefill_step([[(n, 0) for n in prompts[i] or []]]) for i in kept],
     )
     s["ratio"] = s["measured_s"] / s["predicted_s"]
     s["bin"] = pd.cut(s["prefill_tokens"], PREFILL_BINS)
-    table = s.groupby("bin", observed=True).agg(
-        steps=("ratio", "size"),
-        ratio_p50=("ratio", "median"),
-        measured_p50_s=("measured_s", "median"),
-    )
+    s["prompts"] = pd.cut(s["prefill_seqs"], PROMPT_BINS)
+
+    def table(by: str) -> list[dict[str, Any]]:
+        t = s.groupby(by, observed=True).agg(
+            steps=("ratio", "size"),
+            ratio_p50=("ratio", "median"),
+            measured_p50_s=("measured_s", "median"),
+        )
+        return _records(t.rename_axis("bin"))
+
+    one = s[s["prefill_seqs"] == 1]
     return {
         "steps": len(steps),
-        "one_prompt_steps": len(s),
+        "rebuilt_steps": len(s),
+        "one_prompt_steps": len(one),
         "ratio_p50": float(s["ratio"].median()),
-        "by_tokens": _records(table),
+        "ratio_mape": float((s["ratio"] - 1).abs().mean()),
+        "by_tokens": table("bin"),
+        "by_prompts": table("prompts"),
     }
 
 
@@ -120,11 +146,11 @@ def residuals(folder: Path, profile_name: str | None = None) -> dict[str, Any]:
             if not steps_file.exists():
                 continue
             steps = pd.read_csv(steps_file)
+            reqs = pd.read_csv(folder / f"replay_{trace}_{phase}.csv")
             if phase == "decode":
-                reqs = pd.read_csv(folder / f"replay_{trace}_{phase}.csv")
                 res = decode_residuals(reqs, steps, cost, shape.max_decode_batch)
             else:
-                res = prefill_residuals(steps, cost)
+                res = prefill_residuals(reqs, steps, cost)
             out.setdefault(trace, {})[phase] = res
     return out
 
@@ -140,9 +166,12 @@ def main() -> None:
     res = residuals(a.folder, a.profile)
     for trace, phases in res.items():
         for phase, r in phases.items():
-            rows = pd.DataFrame(r.get("by_batch") or r["by_tokens"])
-            print(f"\n{trace} {phase}: measured / predicted step time")
-            print(rows.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            for key in ("by_batch", "by_tokens", "by_prompts"):
+                if key not in r:
+                    continue
+                rows = pd.DataFrame(r[key])
+                print(f"\n{trace} {phase}: measured / predicted step time, {key.replace('_', ' ')}")
+                print(rows.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if a.json:
         a.json.write_text(json.dumps(res, indent=2) + "\n")
 

@@ -19,8 +19,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from deepinfer_sim.calibration.conditioning import conditioning, spread
 from deepinfer_sim.calibration.derive import derive
 from deepinfer_sim.calibration.replay import recheck
+from deepinfer_sim.calibration.step_residuals import residuals
 from deepinfer_sim.calibration.validate import (
     ReplayShape,
     errors,
@@ -87,19 +89,17 @@ def test_a_profile_refuses_a_model_it_has_no_fits_for():
 
 def test_deepseek_fits_are_judged_off_the_grid():
     """Every fit of the DeepSeek-kernel profile carries its error on off-grid shapes (between and
-    beyond the grid points), the number calibration/README.md reports. The bounds here are what
-    was measured on the H200 (2026-12-01, 12 off-grid shapes per fit), not the 3 % target, which
-    V4.1-Flash's prefill and CSA decode fits and the MoE fits miss; V3's fits meet it."""
+    beyond the grid points), the number calibration/README.md reports. V4.1-Flash's and V3's
+    prefill and decode fits (device call 26) meet the 3 % target; the routed-expert fits do not
+    (4.1–4.2 %), and are bounded here by what was measured."""
     prof = load_profile("h200-deepseek")
     fits = prof.models[FLASH]
     assert set(fits.fit) == {"prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe"}
-    for key, fit in fits.fit.items():
-        assert fit.n_offgrid >= 6 and fit.offgrid_mape is not None, key
-        bound = {"prefill": 0.045, "decode": 0.035, "moe": 0.08}[key.split(".")[0]]
-        assert fit.offgrid_mape <= bound, (key, fit.offgrid_mape)
-    for key, fit in prof.models["deepseek-v3"].fit.items():
-        if key != "moe":
-            assert fit.offgrid_mape is not None and fit.offgrid_mape <= 0.03, (key, fit)
+    for model in (FLASH, "deepseek-v3"):
+        for key, fit in prof.models[model].fit.items():
+            assert fit.n_offgrid >= 6 and fit.offgrid_mape is not None, (model, key)
+            bound = 0.045 if key == "moe" else 0.03
+            assert fit.offgrid_mape <= bound, (model, key, fit.offgrid_mape)
     # the decode fits found the GEMMs' 128-row staircase (one grid point per tile count)
     for kind, coef in prof.models[FLASH].hardware["h200"].decode.items():
         assert coef.tile == 128 and len(coef.steps) == 12, kind
@@ -271,10 +271,9 @@ def test_calls_17_and_18_replays_recheck_and_show_what_the_decode_capture_fix_re
 def test_call22_replays_with_the_shipped_profile_of_call_21():
     """Call 21 calibrated V4.1-Flash (depth 4, graphed prefill, the grouped projection timed as
     graphs) and call 22 replayed both traces with that profile. Re-simulated with it, every
-    recorded error comes back. The shipped h200-deepseek is that measurement re-fitted (prefix
-    prefill form, graphed prefill step with a cost per token): with it TTFT and TPOT meet the
-    targets on Mooncake, TPOT on Azure, and Azure's TTFT p90; Azure's TTFT p50 misses at −6.1 %
-    (its steps are predicted 2 % fast and a burst of arrivals queues behind them)."""
+    recorded error comes back. With the shipped h200-deepseek (call 26, measured on another
+    machine) TTFT and TPOT meet the targets on Mooncake, TPOT on Azure, and Azure's TTFT p90;
+    Azure's TTFT p50 misses at −5.5 % (a burst of arrivals queues, below)."""
     root = VALIDATION / "h200-deepseek"
     folder = root / "call22" / "replay"
     report = json.loads((folder / "replay_report.json").read_text())
@@ -290,17 +289,87 @@ def test_call22_replays_with_the_shipped_profile_of_call_21():
 
 
 def test_call25_prefill_replays_on_another_machine_with_the_shipped_profile():
-    """Call 25 replayed prefill with the shipped h200-deepseek on another H200 machine: every
-    recorded error comes back on the CPU. Mooncake's TTFT meets both targets (+1.4 % at p50,
-    5.7 % at p90), Azure's p50 now does (−1.0 %, where call 22 measured −6.1 %) and its p90 does
-    not (25.3 %: two of three repeats at 29.1 and 25.3 %, the measured p50 10.6 % apart between
-    repeats)."""
+    """Call 25 replayed prefill with the profile then shipped (calls 21 and 24) on another H200
+    machine: every recorded error comes back on the CPU. With today's shipped h200-deepseek
+    (call 26) Mooncake's TTFT meets both targets (+1.4 % at p50, 4.1 % at p90), Azure's p50 does
+    (+0.5 %) and its p90 does not (19.4 %; the measured p50 moved 10.6 % between repeats)."""
     folder = VALIDATION / "h200-deepseek" / "call25" / "replay"
     report = json.loads((folder / "replay_report.json").read_text())
     assert report["shape"]["depth"] == 4 and report["repeats"] == 3
-    got = rechecked(load_profile("h200-deepseek"), folder, report)
+    rechecked(
+        load_profile(str(VALIDATION / "h200-deepseek" / "shipped-calls21-24.yaml")), folder, report
+    )
+    got = recheck(load_profile("h200-deepseek"), folder, report)
     med = {t: ph["prefill"]["median"] for t, ph in got.items()}
     assert abs(med["mooncake_conversation"]["p50_rel_err"]) <= 0.05
     assert med["mooncake_conversation"]["abs_rel_err_p90"] <= 0.15
     assert abs(med["azure_conv"]["p50_rel_err"]) <= 0.05
-    assert 0.2 < med["azure_conv"]["abs_rel_err_p90"] < 0.3
+    assert 0.15 < med["azure_conv"]["abs_rel_err_p90"] < 0.25
+
+
+def _medians(got: dict) -> dict:
+    return {(t, p): v["median"] for t, ph in got.items() for p, v in ph.items()}
+
+
+def test_calls_26_to_28_the_shipped_profile_meets_every_replay_target_on_another_machine():
+    """Call 26 calibrated V4.1-Flash and V3 (the shipped h200-deepseek is that measurement,
+    re-fitted); call 27 replayed both traces on the same machine against the profile as
+    calibrated, call 28 on a fresh machine against the shipped one. Every recorded error comes
+    back. On call 28's machine all eight targets hold (5 % at p50, 15 % per request at p90,
+    median of three repeats); on call 27's, six: Azure's TTFT p90 (16.5 %) and its TPOT p50
+    (+5.4 %: the calibration's engine steps ran ~5 % slower than the same machine's replays)."""
+    root = VALIDATION / "h200-deepseek"
+    shipped = load_profile("h200-deepseek")
+    for call, profile in (
+        ("call27", load_profile(str(root / "call26" / "v41.yaml"))),
+        ("call28", shipped),
+    ):
+        folder = root / call / "replay"
+        report = json.loads((folder / "replay_report.json").read_text())
+        assert report["shape"]["depth"] == 4 and report["repeats"] == 3
+        rechecked(profile, folder, report)
+    med28 = _medians(
+        recheck(
+            shipped,
+            root / "call28" / "replay",
+            json.loads((root / "call28" / "replay" / "replay_report.json").read_text()),
+        )
+    )
+    assert len(med28) == 4
+    for key, m in med28.items():
+        assert abs(m["p50_rel_err"]) <= 0.05 and m["abs_rel_err_p90"] <= 0.15, key
+    report27 = json.loads((root / "call27" / "replay" / "replay_report.json").read_text())
+    med27 = _medians(recheck(shipped, root / "call27" / "replay", report27))
+    missed = {
+        (t, p, k)
+        for (t, p), m in med27.items()
+        for k, bound in (("p50_rel_err", 0.05), ("abs_rel_err_p90", 0.15))
+        if abs(m[k]) > bound
+    }
+    assert missed == {
+        ("azure_conv", "prefill", "abs_rel_err_p90"),
+        ("azure_conv", "decode", "p50_rel_err"),
+    }
+
+
+def test_the_azure_ttft_check_is_ill_conditioned_and_the_others_are_not():
+    """Every simulated step cost × 0.995 … 1.005 (conditioning.py): on call 28's replays with the
+    shipped profile Mooncake's TTFT and both TPOTs move by under 2 points, Azure's TTFT p90 by
+    over 10: at load 0.5 its bursts queue, and which prompts share a step turns on sub-millisecond
+    timing. The step model itself is within 1 % there (median measured / predicted step time,
+    steps of 1, 2 and 3–4 prompts)."""
+    folder = VALIDATION / "h200-deepseek" / "call28" / "replay"
+    report = json.loads((folder / "replay_report.json").read_text())
+    shipped = load_profile("h200-deepseek")
+    moved = spread(conditioning(shipped, folder, report, scales=(0.995, 1.0, 1.005)))
+    for (trace, phase), row in moved.iterrows():
+        if (trace, phase) == ("azure_conv", "prefill"):
+            assert row["p90_moves"] > 10, row
+        else:
+            assert row["p50_moves"] < 2 and row["p90_moves"] < 2, (trace, phase, row)
+    res = residuals(folder, "h200-deepseek")
+    for trace in ("azure_conv", "mooncake_conversation"):
+        pre = res[trace]["prefill"]
+        assert pre["rebuilt_steps"] == pre["steps"]
+        for row in pre["by_prompts"]:
+            assert abs(row["ratio_p50"] - 1) < 0.025, (trace, row)

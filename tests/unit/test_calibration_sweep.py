@@ -364,3 +364,17 @@ def test_a_calibration_cut_short_keeps_what_it_timed(calibrated, tmp_path, monke
     assert "moe" not in printed  # none timed
     partial.write_text("{}")
     assert refit.main(["--partial", str(partial)]) == 2
+
+
+def test_refit_names_a_missing_or_derived_input_and_exits_2(tmp_path, capsys):
+    """A profile that does not exist, or one refit cannot re-fit (a derived profile has no raw
+    grid), is one `error:` line and exit status 2, never a traceback; nothing is written."""
+    from deepinfer_sim.calibration import refit
+
+    out = tmp_path / "out.yaml"
+    assert refit.main([str(tmp_path / "missing.yaml"), str(out)]) == 2
+    assert "no such cost profile file" in capsys.readouterr().err
+    assert refit.main(["sm100-derived", str(out), "--kernels"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert not out.exists()

@@ -13,6 +13,7 @@ import pytest
 from deepinfer_sim.calibration.fit import decode_coef_model, fit_moe
 from deepinfer_sim.calibration.kernel_table import decode_work, prefill_work, render
 from deepinfer_sim.calibration.refit import carry_a2a, refit_engine, refit_kernels
+from deepinfer_sim.errors import UserError
 from deepinfer_sim.kernels.shapes import LayerShape
 from deepinfer_sim.models.profile import load_profile
 from deepinfer_sim.models.registry import load_model
@@ -86,7 +87,7 @@ def test_refitting_the_shipped_kernel_fits_from_raw_reproduces_them():
                 decode_coef_model(new_c.decode[kind], X), decode_coef_model(coef, X), rtol=1e-3
             )
         assert new_c.a2a == old_c.a2a  # kept, not re-fitted
-    with pytest.raises(ValueError, match="only a measured profile"):
+    with pytest.raises(UserError, match="only a measured profile"):
         refit_kernels(load_profile("sm100-derived"))
 
 
@@ -94,8 +95,8 @@ def test_the_shipped_prefix_form_lowers_the_prefill_fits_off_grid_error():
     """h200-deepseek's prefill fits use the prefix form (f·[p > 0] per chunk with a prefix)
     where cross-validation chose it: every fit but V4-Pro's HCA, which keeps the smooth form
     (f = 0). Re-fitted with the smooth form alone, every other V4 fit scores higher off-grid
-    (V4.1-Flash CSA 1.6 → 2.6 %, V4-Pro CSA 3.8 → 5.7 %); V3's MLA is the exception (2.2 %
-    shipped, 1.85 % smooth: with 68 grid points the cross-validated pick is not the off-grid best
+    (V4.1-Flash CSA 1.9 → 2.7 %, V4-Pro CSA 3.8 → 5.7 %); V3's MLA is the exception (1.9 %
+    shipped, 1.7 % smooth: with 68 grid points the cross-validated pick is not the off-grid best
     there). calibration/README.md has the table."""
     prof = load_profile("h200-deepseek")
     smooth = refit_kernels(prof, ("smooth",))
@@ -113,16 +114,16 @@ def test_the_shipped_prefix_form_lowers_the_prefill_fits_off_grid_error():
             if name != "deepseek-v3":
                 assert err.offgrid_mape < plain, (name, key)
     flash = prof.models["deepseek-v4.1-flash"].fit
-    assert flash["prefill.csa"].offgrid_mape == pytest.approx(0.0160, abs=5e-4)
+    assert flash["prefill.csa"].offgrid_mape == pytest.approx(0.0186, abs=5e-4)
     assert smooth.models["deepseek-v4.1-flash"].fit["prefill.csa"].offgrid_mape == pytest.approx(
-        0.0262, abs=5e-4
+        0.0269, abs=5e-4
     )
 
 
 # off-grid MoE MAPE of h200-deepseek's shipped (smooth) fits, and re-fitted additive only
 SMOOTH_MOE_OFFGRID = {
-    "deepseek-v4.1-flash": (0.0418, 0.0701),
-    "deepseek-v3": (0.0397, 0.0594),
+    "deepseek-v4.1-flash": (0.0412, 0.0690),
+    "deepseek-v3": (0.0415, 0.0580),
     "deepseek-v4-flash": (0.0461, 0.0566),
     "deepseek-v4-pro": (0.0469, 0.0831),
 }
@@ -156,5 +157,5 @@ def test_a_measured_all_to_all_is_carried_only_from_the_same_device():
     prof = load_profile("h200-deepseek")
     carried = carry_a2a(prof, load_profile("h200-reference"))
     assert all(c.a2a.measured for f in carried.models.values() for c in f.hardware.values())
-    with pytest.raises(ValueError, match="no single measured"):
+    with pytest.raises(UserError, match="no single measured"):
         carry_a2a(prof, load_profile("sm100-derived"))

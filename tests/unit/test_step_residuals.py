@@ -4,10 +4,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from deepinfer_sim.calibration.step_residuals import (
     decode_batches,
     decode_residuals,
+    prefill_prompts,
     prefill_residuals,
     residuals,
 )
@@ -62,16 +64,25 @@ def test_ratios_are_measured_over_predicted_and_split_uniform_from_mixed():
     assert res["rebuilt_batch_matches"] == 2
     assert res["ratio_p50_uniform"] == 2.0
     assert np.isnan(res["ratio_p50_mixed"])
+
+
+def test_prefill_steps_are_rebuilt_from_the_request_list_first_come_first_served():
+    """Step k holds the next ``prefill_seqs`` prompts; a step whose prompts do not sum to its
+    recorded tokens is left out, and the ratios are measured over predicted."""
+    reqs = pd.DataFrame({"prompt_len": [1000, 300, 200, 50, 70], "arrival_s": 0.0})
     pre = pd.DataFrame(
         {
-            "start_s": [0.0, 1.0],
-            "end_s": [1e-3, 1.004],
-            "prefill_tokens": [1000, 500],
-            "prefill_seqs": [1, 2],
+            "start_s": [0.0, 1.0, 2.0],
+            "end_s": [1e-3, 1.001, 2.001],
+            "prefill_tokens": [1000, 500, 999],
+            "prefill_seqs": [1, 2, 2],
         }
     )
-    out = prefill_residuals(pre, FixedCost())
-    assert out["one_prompt_steps"] == 1 and out["ratio_p50"] == 1.0
+    assert prefill_prompts(reqs, pre) == [[1000], [300, 200], None]
+    out = prefill_residuals(reqs, pre, FixedCost())
+    assert out["rebuilt_steps"] == 2 and out["one_prompt_steps"] == 1
+    assert out["ratio_p50"] == pytest.approx(1.5)  # 1 ms measured / 1 ms and 0.5 ms predicted
+    assert [r["steps"] for r in out["by_prompts"]] == [1, 1]
 
 
 def test_the_stored_replays_are_rebuilt_step_for_step():
@@ -80,3 +91,4 @@ def test_the_stored_replays_are_rebuilt_step_for_step():
     assert dec["rebuilt_batch_matches"] == dec["steps"] > 1000
     for trace in res.values():
         assert trace["prefill"]["one_prompt_steps"] > 50
+        assert trace["prefill"]["rebuilt_steps"] == trace["prefill"]["steps"]
