@@ -11,7 +11,7 @@ fixed-5 verification accepts 3.29 tokens per sequence-step (Beta moments, no sim
 candidate is then simulated on the default EP64 GB200 decode group at 60 and at 16 sequences per
 rank, fixed-5 against dspark (lag 2), and scored against the article: dspark verifies 3.2–4.4
 tokens (from 5.00), accepts ~3.20, gains +4–7 % throughput at 60 and loses a little below 16.
-Writes ``benchmarks/results/dspark_fit.json`` (every candidate, best first).
+Writes ``benchmarks/results/dspark_fit_sm100.json`` (every candidate, best first).
 
     python benchmarks/dspark_fit.py
 """
@@ -81,7 +81,9 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", dest="overrides", action="append", default=[])
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "dspark_fit.json"))
+    ap.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "dspark_fit_sm100.json")
+    )
     args = ap.parse_args()
     rows = []
     for kappa, decay, sigma, overhead, context in itertools.product(

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..errors import UserError
 from ..models.profile import Profile, load_profile
 from .replay import recheck
 
@@ -73,7 +74,11 @@ def main() -> None:
     if not report_path.is_file():
         ap.error(f"{a.folder}: no replay_report.json (a replay.py output folder?)")
     report = json.loads(report_path.read_text())
-    rows = conditioning(load_profile(a.profile or report["profile"]), a.folder, report)
+    try:
+        profile = load_profile(a.profile or report["profile"])
+    except UserError as exc:
+        ap.error(str(exc))
+    rows = conditioning(profile, a.folder, report)
     table = pd.DataFrame(rows)
     table["cell"] = [
         f"{p50 * 100:+.1f} / {p90 * 100:.1f}"

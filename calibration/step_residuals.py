@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import UserError
 from ..models.profile import load_profile
 from .validate import ReplayShape, validation_cost
 
@@ -163,7 +164,12 @@ def main() -> None:
     )
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    res = residuals(a.folder, a.profile)
+    if not (a.folder / "replay_report.json").is_file():
+        ap.error(f"{a.folder}: no replay_report.json (a replay.py output folder?)")
+    try:
+        res = residuals(a.folder, a.profile)
+    except UserError as exc:
+        ap.error(str(exc))
     for trace, phases in res.items():
         for phase, r in phases.items():
             for key in ("by_batch", "by_tokens", "by_prompts"):

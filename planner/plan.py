@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..scenario import Scenario, dump_scenario, load_scenario
+from ..sim.results.report_numbers import slo_checks
 from ..sim.run import simulate
 from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
@@ -111,21 +112,10 @@ def max_sustainable_rate(
 
 
 def slo_failure(summary: dict[str, Any], sc: Scenario) -> str:
-    """'' when the run met the SLOs, else which one it missed."""
-    req = summary["requests"]
-    if req["rejected"] or req["in_flight"]:
-        return "rejections"
-    lat = summary["latency"]
-    if not lat["ttft_s"]["p99"] <= sc.slo.ttft_s:
-        return "ttft"
-    tpot = sc.slo.tpot_s
-    if sc.slo.min_user_tok_s is not None:
-        tpot = min(tpot, 1.0 / sc.slo.min_user_tok_s)
-    if not (lat["tpot_s"]["p99"] or 0.0) <= tpot:
-        return "tpot"
-    if sc.slo.e2e_s is not None and not (lat.get("e2e_s", {}).get("p99") or 0.0) <= sc.slo.e2e_s:
-        return "e2e"
-    return ""
+    """'' when the run met the SLOs, else the first it missed of rejections, ttft, tpot, e2e: the
+    rule the report shows (``report_numbers.slo_checks``)."""
+    missed = {c.key for c in slo_checks(summary, sc.slo.model_dump()) if not c.met}
+    return next((k for k in ("rejections", "ttft", "tpot", "e2e") if k in missed), "")
 
 
 def unit_cost(sc: Scenario) -> tuple[int, float]:

@@ -224,19 +224,20 @@ def delta(a: Any, b: Any, kind: str, better: int, colour: bool = True) -> tuple[
 @dataclass(frozen=True)
 class SloCheck:
     name: str
-    measured: float | None
+    measured: float | None  # None: nothing to judge (no request with this latency)
     limit: float
     kind: str  # "s": a latency; "n": a count of requests
+    key: str = ""  # what the planner calls a miss of it: ttft, tpot, e2e, rejections
 
     @property
     def met(self) -> bool:
-        return self.measured is not None and self.measured <= self.limit
+        return self.measured is None or self.measured <= self.limit
 
     @property
     def use(self) -> float:
-        """Measured over limit (inf when there is no measurement)."""
+        """Measured over limit (0 when there is nothing to judge)."""
         if self.measured is None:
-            return math.inf
+            return 0.0
         return self.measured / self.limit if self.limit else (0.0 if self.met else math.inf)
 
 
@@ -278,24 +279,21 @@ class Headline:
 
 
 def slo_checks(summary: dict[str, Any], slo: dict[str, Any]) -> list[SloCheck]:
-    """The planner's SLO rule, check by check."""
+    """The SLO rule the planner holds a run to and the report shows, check by check: every
+    request served, and the p99 of each latency that has an SLO within it. A latency no request
+    has (TPOT when every output is one token, E2E in a summary without it) is not judged."""
     checks = []
     ttft, tpot, e2e = num(slo.get("ttft_s")), num(slo.get("tpot_s")), num(slo.get("e2e_s"))
     min_user_tok_s = num(slo.get("min_user_tok_s"))
     if min_user_tok_s:
         tpot = 1.0 / min_user_tok_s if tpot is None else min(tpot, 1.0 / min_user_tok_s)
-    for name, key, limit in (
-        ("TTFT", "ttft_s", ttft),
-        ("TPOT", "tpot_s", tpot),
-        ("E2E", "e2e_s", e2e),
-    ):
+    for name, key, limit in (("TTFT", "ttft", ttft), ("TPOT", "tpot", tpot), ("E2E", "e2e", e2e)):
         if limit is not None:
-            checks.append(
-                SloCheck(f"p99 {name}", num(get(summary, ("latency", key, "p99"))), limit, "s")
-            )
+            p99 = num(get(summary, ("latency", f"{key}_s", "p99")))
+            checks.append(SloCheck(f"p99 {name}", p99, limit, "s", key))
     req = summary.get("requests") or {}
     unserved = sum(int(req.get(k) or 0) for k in ("rejected", "in_flight"))
-    checks.append(SloCheck("requests not served", float(unserved), 0.0, "n"))
+    checks.append(SloCheck("requests not served", float(unserved), 0.0, "n", "rejections"))
     return checks
 
 
@@ -359,6 +357,6 @@ def describe(c: SloCheck) -> str:
     if c.kind == "n":
         return f"{c.measured:,.0f} {c.name}" if c.measured is not None else c.name
     if c.measured is None:
-        return f"{c.name} not measured (no completed request)"
+        return f"{c.name} not judged (no request has it)"
     sign = "≤" if c.met else ">"
     return f"{c.name} {seconds(c.measured)} {sign} {seconds(c.limit)}"

@@ -56,3 +56,18 @@ def test_conditioning_rows_and_their_spread():
         for r in mine:
             by.setdefault(r["repeat"], []).append(r["abs_rel_err_p90"])
         assert row["p90_moves"] == pytest.approx(100 * max(max(v) - min(v) for v in by.values()))
+
+
+@pytest.mark.parametrize("module", ["conditioning", "step_residuals"])
+def test_the_replay_tools_name_a_bad_folder_or_profile(module, tmp_path, monkeypatch, capsys):
+    """A folder without a replay report, or an unknown profile: one error line, exit status 2."""
+    import importlib
+
+    main = importlib.import_module(f"deepinfer_sim.calibration.{module}").main
+    for argv in ([str(tmp_path)], [str(STORED / "call28" / "replay"), "--profile", "nope"]):
+        monkeypatch.setattr("sys.argv", [module, *argv])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "no replay_report.json" in err or "unknown cost profile 'nope'" in err
