@@ -105,11 +105,10 @@ def prefill_prompts(requests: pd.DataFrame, steps: pd.DataFrame) -> list[list[in
 
 
 def prefill_residuals(requests: pd.DataFrame, steps: pd.DataFrame, cost: Any) -> dict[str, Any]:
-    prompts = prefill_prompts(requests, steps)
-    kept = [i for i, p in enumerate(prompts) if p is not None]
-    s = steps.iloc[kept].assign(
+    rebuilt = [(i, p) for i, p in enumerate(prefill_prompts(requests, steps)) if p is not None]
+    s = steps.iloc[[i for i, _ in rebuilt]].assign(
         measured_s=lambda f: f["end_s"] - f["start_s"],
-        predicted_s=[cost.prefill_step([[(n, 0) for n in prompts[i] or []]]) for i in kept],
+        predicted_s=[cost.prefill_step([[(n, 0) for n in p]]) for _, p in rebuilt],
     )
     s["ratio"] = s["measured_s"] / s["predicted_s"]
     s["bin"] = pd.cut(s["prefill_tokens"], PREFILL_BINS)

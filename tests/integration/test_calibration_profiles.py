@@ -320,26 +320,18 @@ def test_calls_26_to_28_the_shipped_profile_meets_every_replay_target_on_another
     (+5.4 %: the calibration's engine steps ran ~5 % slower than the same machine's replays)."""
     root = VALIDATION / "h200-deepseek"
     shipped = load_profile("h200-deepseek")
-    for call, profile in (
-        ("call27", load_profile(str(root / "call26" / "v41.yaml"))),
-        ("call28", shipped),
-    ):
+    stored = {}
+    for call in ("call27", "call28"):
         folder = root / call / "replay"
         report = json.loads((folder / "replay_report.json").read_text())
         assert report["shape"]["depth"] == 4 and report["repeats"] == 3
-        rechecked(profile, folder, report)
-    med28 = _medians(
-        recheck(
-            shipped,
-            root / "call28" / "replay",
-            json.loads((root / "call28" / "replay" / "replay_report.json").read_text()),
-        )
-    )
+        stored[call] = (folder, report)
+    rechecked(load_profile(str(root / "call26" / "v41.yaml")), *stored["call27"])
+    med28 = _medians(rechecked(shipped, *stored["call28"]))
     assert len(med28) == 4
     for key, m in med28.items():
         assert abs(m["p50_rel_err"]) <= 0.05 and m["abs_rel_err_p90"] <= 0.15, key
-    report27 = json.loads((root / "call27" / "replay" / "replay_report.json").read_text())
-    med27 = _medians(recheck(shipped, root / "call27" / "replay", report27))
+    med27 = _medians(recheck(shipped, *stored["call27"]))
     missed = {
         (t, p, k)
         for (t, p), m in med27.items()
@@ -356,8 +348,8 @@ def test_the_azure_ttft_check_is_ill_conditioned_and_the_others_are_not():
     """Every simulated step cost × 0.995 … 1.005 (conditioning.py): on call 28's replays with the
     shipped profile Mooncake's TTFT and both TPOTs move by under 2 points, Azure's TTFT p90 by
     over 10: at load 0.5 its bursts queue, and which prompts share a step turns on sub-millisecond
-    timing. The step model itself is within 1 % there (median measured / predicted step time,
-    steps of 1, 2 and 3–4 prompts)."""
+    timing. The step model itself is within 2.5 % there (median measured / predicted step time,
+    steps of 1, 2 and 3–4 prompts: 0.98–1.01)."""
     folder = VALIDATION / "h200-deepseek" / "call28" / "replay"
     report = json.loads((folder / "replay_report.json").read_text())
     shipped = load_profile("h200-deepseek")
