@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..scenario import Scenario, dump_scenario, load_scenario
-from ..sim.results.report_numbers import slo_checks
+from ..sim.results.report_numbers import MISS_ORDER, slo_checks
 from ..sim.run import simulate
 from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
@@ -112,10 +112,10 @@ def max_sustainable_rate(
 
 
 def slo_failure(summary: dict[str, Any], sc: Scenario) -> str:
-    """'' when the run met the SLOs, else the first it missed of rejections, ttft, tpot, e2e: the
-    rule the report shows (``report_numbers.slo_checks``)."""
+    """'' when the run met the SLOs, else the first it missed in ``MISS_ORDER``: the rule the
+    report shows (``report_numbers.slo_checks``)."""
     missed = {c.key for c in slo_checks(summary, sc.slo.model_dump()) if not c.met}
-    return next((k for k in ("rejections", "ttft", "tpot", "e2e") if k in missed), "")
+    return next((k for k in MISS_ORDER if k in missed), "")
 
 
 def unit_cost(sc: Scenario) -> tuple[int, float]:

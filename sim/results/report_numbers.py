@@ -227,7 +227,7 @@ class SloCheck:
     measured: float | None  # None: nothing to judge (no request with this latency)
     limit: float
     kind: str  # "s": a latency; "n": a count of requests
-    key: str = ""  # what the planner calls a miss of it: ttft, tpot, e2e, rejections
+    key: str  # what the planner calls a miss of it (one of ``MISS_ORDER``)
 
     @property
     def met(self) -> bool:
@@ -276,6 +276,9 @@ class Headline:
     def headroom(self) -> float | None:
         b = self.binding
         return None if b is None else max(0.0, 1.0 - b.fraction)
+
+
+MISS_ORDER = ("rejections", "ttft", "tpot", "e2e")  # the planner names the first one missed
 
 
 def slo_checks(summary: dict[str, Any], slo: dict[str, Any]) -> list[SloCheck]:

@@ -118,16 +118,15 @@ def test_the_report_shows_the_planners_slo_rule() -> None:
     """The report's SLO checks and the planner's verdict are one rule: on every summary below
     the report misses exactly what the planner names first, and a latency no request has (TPOT
     when every output is one token) is judged by neither."""
-    from deepinfer_sim.sim.results.report_numbers import slo_checks
+    from deepinfer_sim.sim.results.report_numbers import MISS_ORDER, slo_checks
 
     sc = load_scenario("default", ["slo.ttft_s=2", "slo.tpot_s=0.05", "slo.e2e_s=10"])
     one_token = summary(1.0, 0.04)
     one_token["latency"]["tpot_s"]["p99"] = None
     cases = [summary(1.0, 0.04), summary(3.0, 0.06), summary(1.0, 0.06), one_token]
     cases.append(summary(3.0, 0.04, rejected=2))
-    order = ("rejections", "ttft", "tpot", "e2e")
     for s in cases:
         missed = {c.key for c in slo_checks(s, sc.slo.model_dump()) if not c.met}
-        assert slo_failure(s, sc) == next((k for k in order if k in missed), ""), s
+        assert slo_failure(s, sc) == next((k for k in MISS_ORDER if k in missed), ""), s
     assert slo_failure(one_token, sc) == ""
     assert slo_failure(summary(3.0, 0.04, rejected=2), sc) == "rejections"
