@@ -177,3 +177,8 @@ class Progress:
     def stop(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def figure(x: float) -> str:
+    """A published or simulated figure: thousands separators from 100 up, 3 digits below."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"

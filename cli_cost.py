@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .cli_common import console, overrides_option, user_errors, writable_file, write_text
+from .cli_common import (
+    console,
+    figure,
+    overrides_option,
+    user_errors,
+    writable_file,
+    write_text,
+)
 from .errors import UserError
 
 if TYPE_CHECKING:
@@ -43,7 +50,7 @@ class _Command(click.Command):
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
 _DECODE_ONLY = ("batch", "context", "verify", "accept", "user_speed")
-_PREFILL_ONLY = ("tokens", "prompt")
+_PREFILL_ONLY = ("tokens", "prompt", "prefix")
 
 
 def _flag(name: str) -> str:
@@ -53,7 +60,9 @@ def _flag(name: str) -> str:
 @click.command("cost", cls=_Command)
 @click.argument("config", default="default")
 @click.option(
-    "--pool", type=click.Choice(["decode", "prefill"]), default="decode", show_default=True
+    "--pool",
+    type=click.Choice(["decode", "prefill"]),
+    help="The pool to cost (default: decode, or the --case's pool).",
 )
 @click.option("--batch", type=_POSITIVE, help="decode: sequences per GPU.")
 @click.option("--context", type=click.IntRange(0), help="decode: context tokens per sequence.")
@@ -87,7 +96,20 @@ def _flag(name: str) -> str:
     type=click.IntRange(1),
     help="prefill: new tokens per GPU per step (default: pools.prefill.max_tokens_per_step).",
 )
-@click.option("--prompt", type=click.IntRange(1), help="prefill: prompt length (no prefix).")
+@click.option("--prompt", type=click.IntRange(1), help="prefill: new tokens per prompt.")
+@click.option(
+    "--prefix",
+    type=click.IntRange(0),
+    help="prefill: cached prefix tokens before each prompt's new tokens (default 0).",
+)
+@click.option(
+    "--case",
+    "case_ref",
+    metavar="N|NAME",
+    help="CONFIG is a published case file (configs/published/, or its name): cost that case's "
+    "pool at its point (its number in the file, from 1, or its name) and compare with the "
+    "published figure.",
+)
 @click.option(
     "--cost-model",
     metavar="roofline|PROFILE",
@@ -107,6 +129,8 @@ def cost(
     max_batch: int,
     tokens: int | None,
     prompt: int | None,
+    prefix: int | None,
+    case_ref: str | None,
     cost_model: str | None,
     json_file: str | None,
     overrides: tuple[str, ...],
@@ -118,6 +142,8 @@ def cost(
     decode:  every GPU holds --batch sequences of --context tokens (or, with --user-speed,
              the largest batch that still gives each user that speed)
     prefill: every GPU computes --tokens new tokens a step as whole --prompt-token prompts
+             (each after --prefix cached tokens)
+    case:    --case N takes the pool and point from case N of a published case file
     """
     from .planner.analysis import steady
     from .scenario import load_scenario
@@ -132,16 +158,17 @@ def cost(
         "user_speed": user_speed,
         "tokens": tokens,
         "prompt": prompt,
+        "prefix": prefix,
     }
+    if case_ref is not None:
+        _cost_case(config, case_ref, pool, given, cost_model, overrides, json_file)
+        return
+    pool = pool or "decode"
     foreign = _PREFILL_ONLY if pool == "decode" else _DECODE_ONLY
     for name in foreign:
         if given[name] is not None:
             raise UserError(f"{_flag(name)} does not apply to --pool {pool}")
-    over = list(overrides)
-    if cost_model is not None:
-        if not cost_model.strip():
-            raise UserError("--cost-model: empty; give roofline or a profile name or path")
-        over.append(f"cost_model.{pool}={cost_model}")
+    over = _overrides(overrides, cost_model, (pool,))
     if pool == "decode":
         if context is None:
             raise UserError("--context is required with --pool decode")
@@ -171,7 +198,7 @@ def cost(
                 f"--prompt ({prompt:,}) must not exceed --tokens ({tokens:,}): a prefill point "
                 "computes whole prompts in one step"
             )
-        point = steady.prefill_point(sc, tokens, prompt)
+        point = steady.prefill_point(sc, tokens, prompt, prefix or 0)
         if tokens % prompt:
             notes.append(
                 f"{tokens:,} is not a multiple of {prompt:,}: the last chunk is a partial prompt "
@@ -180,6 +207,80 @@ def cost(
     _print_point(point, notes)
     if json_file:
         write_text(json_file, json.dumps(point.as_dict(), indent=1) + "\n", "--json")
+
+
+def _overrides(
+    overrides: tuple[str, ...], cost_model: str | None, pools: tuple[str, ...]
+) -> list[str]:
+    """--set overrides, plus --cost-model for each of ``pools``."""
+    over = list(overrides)
+    if cost_model is not None:
+        if not cost_model.strip():
+            raise UserError("--cost-model: empty; give roofline or a profile name or path")
+        over += [f"cost_model.{p}={cost_model}" for p in pools]
+    return over
+
+
+def _cost_case(
+    config: str,
+    case_ref: str,
+    pool: str | None,
+    given: dict[str, Any],
+    cost_model: str | None,
+    overrides: tuple[str, ...],
+    json_file: str | None,
+) -> None:
+    """``--case``: one case of a published case file, costed at its point and compared."""
+    from .planner.analysis import published
+    from .scenario import load_scenario, scenario_path
+
+    for name, value in given.items():
+        if value is not None:
+            raise UserError(f"{_flag(name)}: --case sets the point; give one or the other")
+    path = scenario_path(config)
+    cf = published.load_case_file(path) if _is_case_file(path) else None
+    if cf is None:
+        raise UserError(
+            f"--case: {path} is a scenario, not a published case file (configs/published/: "
+            "`deepinfer-sim validate` lists them)"
+        )
+    case = _pick_case(cf, case_ref, path)
+    case_pool = "decode" if case.quantity.startswith("decode") else "prefill"
+    if pool is not None and pool != case_pool:
+        raise UserError(f"--pool {pool}: case {case.name!r} is a {case_pool} case")
+    # both pools, as validate does: the case's scenario names one cost model for the two
+    sc = load_scenario(path, _overrides(overrides, cost_model, ("prefill", "decode")))
+    value, point = published.case_point(case, sc)
+    res = published.result(cf, case, point.cost_model, value, point.step_s)
+    _print_point(point, _case_notes(res))
+    if json_file:
+        out = {**point.as_dict(), "case": res.as_dict()}
+        write_text(json_file, json.dumps(out, indent=1) + "\n", "--json")
+
+
+def _is_case_file(path: Any) -> bool:
+    from .validation import read_yaml
+
+    data = read_yaml(path)
+    return isinstance(data, dict) and "cases" in data and "scenario" in data
+
+
+def _pick_case(cf: Any, ref: str, path: Any) -> Any:
+    names = [c.name for c in cf.cases]
+    if ref.isdigit() and 1 <= int(ref) <= len(cf.cases):
+        return cf.cases[int(ref) - 1]
+    if ref in names:
+        return cf.cases[names.index(ref)]
+    listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names, 1))
+    raise UserError(f"--case {ref!r}: {path} has no such case ({listing})")
+
+
+def _case_notes(res: Any) -> list[str]:
+    verdict = "within" if res.within else "outside"
+    return [
+        f"case {res.name!r} ({res.quantity}): simulated {figure(res.simulated)}, published "
+        f"{figure(res.published)}, ratio {res.ratio:.2f} ({verdict} ±{res.tolerance:.0%})"
+    ]
 
 
 def _check_speculative(
@@ -250,6 +351,8 @@ def _print_point(p: SteadyPoint, notes: list[str]) -> None:
         unit = "output tok/s"
     else:
         load = f"{p.tokens_per_gpu:,} tokens/GPU as {p.prompt:,}-token prompts"
+        if p.prefix:
+            load += f" after {p.prefix:,} cached tokens each"
         unit = "prompt tok/s"
     t = Table(
         title=f"{p.pool} EP{p.ep} on {p.hardware}, {p.cost_model}, imbalance {p.imbalance:g}"

@@ -13,11 +13,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import console, user_errors, writable_file, write_text
-
-
-def _num(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+from .cli_common import console, figure, user_errors, writable_file, write_text
 
 
 @click.command()
@@ -58,8 +54,8 @@ def validate(
             r.file,
             r.name,
             r.cost_model,
-            _num(r.published),
-            _num(r.simulated),
+            figure(r.published),
+            figure(r.simulated),
             f"{r.ratio:.2f}",
             "yes" if r.within else f"no (±{r.tolerance:.0%})",
         )

@@ -866,8 +866,13 @@ def scenario_path(ref: str | Path) -> Path:
     named = bundled_scenarios()
     if str(ref) in named:
         return named[str(ref)]
+    published = {p.stem: p for p in sorted(bundled_dir("published").glob("*.yaml"))}
+    if str(ref) in published:
+        return published[str(ref)]
     raise ConfigError(
-        "", f"no scenario file or bundled scenario named {ref!r}; bundled: {', '.join(named)}"
+        "",
+        f"no scenario file or bundled scenario named {ref!r}; bundled: {', '.join(named)}; "
+        f"published deployments: {', '.join(published)}",
     )
 
 
@@ -949,6 +954,11 @@ def load_scenario(ref: str | Path = "default", overrides: list[str] | None = Non
         )
     if not isinstance(data, dict):
         raise ConfigError("", "expected a mapping at the top level", source=str(path))
+    prefix = ""
+    if "cases" in data and "scenario" in data:  # a published case file: its deployment
+        data, prefix = data["scenario"], "scenario"
+        if not isinstance(data, dict):
+            raise ConfigError("scenario", "expected a mapping", source=str(path))
     workload = data.get("workload")
     had_sessions = isinstance(workload, dict) and workload.get("sessions") is not None
     keys: list[str] = []
@@ -958,7 +968,7 @@ def load_scenario(ref: str | Path = "default", overrides: list[str] | None = Non
         keys.append(key)
     if not had_sessions:
         _sessions_replay_from_defaults(data, keys)
-    sc = validate(Scenario, data, source=str(path))
+    sc = validate(Scenario, data, source=str(path), prefix=prefix)
     return _check_references(sc, path.parent, str(path))
 
 

@@ -115,29 +115,25 @@ def case_files(paths: list[Path] | None = None) -> list[tuple[Path, CaseFile]]:
     return [(p, load_case_file(p)) for p in files]
 
 
-def _prefill_input_rate(
-    sc: Any, tokens: float, prompt: float, cached: float
-) -> tuple[float, float]:
-    """(input tokens/s per node counting cache hits, step seconds): each rank computes
-    ``tokens`` new tokens as prompts whose first ``cached`` share is a cached prefix."""
-    new = max(1, round(prompt * (1 - cached)))
-    p = steady.prefill_point(sc, int(tokens), new, round(prompt) - new)
-    return p.tokens_per_s_per_node * prompt / new, p.step_s
-
-
 def _with_tbo(sc: Any, on: bool) -> Any:
     prefill = sc.pools.prefill.model_copy(update={"two_batch_overlap": on})
     return sc.pools.model_copy(update={"prefill": prefill})
 
 
-def evaluate(case: Case, sc: Any) -> tuple[float, float]:
-    """(simulated value, step seconds) of one case on one scenario."""
+def case_point(case: Case, sc: Any) -> tuple[float, steady.SteadyPoint]:
+    """(the case's quantity as simulated on ``sc``, the steady point whose step gives it: for
+    ``prefill_tbo_speedup``, the point with two-batch overlap)."""
     pt = case.point
     if case.quantity == "prefill_tok_s_per_node":
         p = steady.prefill_point(sc, int(pt["tokens_per_gpu"]), int(pt["prompt"]))
-    elif case.quantity == "prefill_input_tok_s_per_node":
-        return _prefill_input_rate(sc, pt["tokens_per_gpu"], pt["prompt"], pt["cached_fraction"])
-    elif case.quantity == "prefill_tbo_speedup":
+        return p.tokens_per_s_per_node, p
+    if case.quantity == "prefill_input_tok_s_per_node":
+        # each prompt computes its last (1 - cached_fraction) after a cached prefix of the rest
+        prompt = round(pt["prompt"])
+        new = max(1, round(prompt * (1 - pt["cached_fraction"])))
+        p = steady.prefill_point(sc, int(pt["tokens_per_gpu"]), new, prompt - new)
+        return p.tokens_per_s_per_node * prompt / new, p
+    if case.quantity == "prefill_tbo_speedup":
         tokens, prompt = int(pt["tokens_per_gpu"]), int(pt["prompt"])
         on = sc.model_copy(update={"pools": _with_tbo(sc, True)})
         off = sc.model_copy(
@@ -150,12 +146,41 @@ def evaluate(case: Case, sc: Any) -> tuple[float, float]:
         )
         fast = steady.prefill_point(on, tokens, prompt)
         slow = steady.prefill_point(off, tokens, prompt)
-        return fast.tokens_per_s_per_node / slow.tokens_per_s_per_node, fast.step_s
-    elif case.quantity == "decode_tok_s_per_node":
+        return fast.tokens_per_s_per_node / slow.tokens_per_s_per_node, fast
+    if case.quantity == "decode_tok_s_per_node":
         p = steady.decode_point(sc, pt["batch_per_gpu"], int(pt["context"]))
     else:
         p = steady.decode_at_user_speed(sc, int(pt["context"]), pt["user_tok_s"])
-    return p.tokens_per_s_per_node, p.step_s
+    return p.tokens_per_s_per_node, p
+
+
+def case_scenario(cf: CaseFile, path: Path, cost_model: str | None = None) -> Any:
+    """The case file's scenario, with both pools on ``cost_model`` where one is given."""
+    data = dict(cf.scenario)
+    if cost_model is not None:
+        data["cost_model"] = {
+            **data.get("cost_model", {}),
+            "prefill": cost_model,
+            "decode": cost_model,
+        }
+    try:
+        return scenario_from_dict(data, path.parent)
+    except ConfigError as exc:
+        raise UserError(f"{path}: scenario: {str(exc).removeprefix('<dict>: ')}") from None
+
+
+def result(cf: CaseFile, case: Case, cost_model: str, value: float, step_s: float) -> CaseResult:
+    return CaseResult(
+        file=cf.name,
+        name=case.name,
+        quantity=case.quantity,
+        published=case.published,
+        cost_model=cost_model,
+        simulated=value,
+        ratio=value / case.published if math.isfinite(value) else math.inf,
+        tolerance=case.tolerance,
+        step_s=step_s,
+    )
 
 
 def run_cases(
@@ -164,27 +189,8 @@ def run_cases(
     out = []
     for path, cf in case_files(paths):
         for cm in cost_models:
-            data = {
-                **cf.scenario,
-                "cost_model": {**cf.scenario.get("cost_model", {}), "prefill": cm, "decode": cm},
-            }
-            try:
-                sc = scenario_from_dict(data, path.parent)
-            except ConfigError as exc:
-                raise UserError(f"{path}: scenario: {str(exc).removeprefix('<dict>: ')}") from None
+            sc = case_scenario(cf, path, cm)
             for case in cf.cases:
-                value, step = evaluate(case, sc)
-                out.append(
-                    CaseResult(
-                        file=cf.name,
-                        name=case.name,
-                        quantity=case.quantity,
-                        published=case.published,
-                        cost_model=cm,
-                        simulated=value,
-                        ratio=value / case.published if math.isfinite(value) else math.inf,
-                        tolerance=case.tolerance,
-                        step_s=step,
-                    )
-                )
+                value, point = case_point(case, sc)
+                out.append(result(cf, case, cm, value, point.step_s))
     return out

@@ -84,7 +84,8 @@ class SteadyPoint:
     kv_capacity_tokens_per_gpu: float | None = None  # what a decode rank can hold
     # prefill inputs
     tokens_per_gpu: int | None = None
-    prompt: int | None = None
+    prompt: int | None = None  # new tokens per prompt
+    prefix: int | None = None  # cached tokens before each prompt's new ones
     # decode_at_user_speed only
     user_tok_s: float | None = None  # the speed asked for
     meets_speed: bool | None = None
@@ -320,6 +321,7 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
         imbalance=imbalance,
         tokens_per_gpu=tokens_per_gpu,
         prompt=prompt,
+        prefix=cached,
         tokens_per_s_per_gpu=tokens_per_gpu / bd.step_s,
         tokens_per_s_per_user=prompt / bd.step_s,
         tokens_per_s_per_node=tokens_per_gpu / bd.step_s * hw.gpus_per_node,

@@ -245,3 +245,78 @@ def test_cost_unknown_scenario(cli):
     res = cli("no-such-scenario", "--batch", "4", "--context", "8")
     assert res.exit_code == 2 and res.output.startswith("error:")
     assert "no scenario file or bundled scenario" in res.output
+
+
+def test_a_prefix_costs_attention_not_throughput_accounting(sc):
+    """--prefix: the same new tokens after a cached prefix cost more attention; throughput
+    still counts new tokens only."""
+    bare = prefill_point(sc, 8192, 1024)
+    after = prefill_point(sc, 8192, 1024, 3072)
+    assert after.prefix == 3072 and bare.prefix == 0
+    assert after.breakdown["attention"] > bare.breakdown["attention"]
+    assert after.tokens_per_s_per_gpu == pytest.approx(8192 / after.step_s)
+
+
+@pytest.mark.parametrize(
+    ("case", "pool"),
+    [
+        ("1", "prefill"),
+        ("2", "prefill"),
+        ("5", "decode"),
+        ("decode, batch 256 per GPU, 2K context, EP72", "decode"),
+    ],
+)
+def test_cost_case_is_the_validate_case(cli, tmp_path, case, pool):
+    """--case costs a published case at its point: the same number `validate` reports (and
+    the same step), with the case's pool, published figure and ratio in the JSON."""
+    from deepinfer_sim.planner.analysis.published import run_cases
+
+    out = tmp_path / "case.json"
+    res = cli("sglang-v3-h100-96gpu", "--case", case, "--json", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["pool"] == pool and "ratio" in res.output
+    expected = {r.name: r for r in run_cases(("roofline",))}[data["case"]["name"]]
+    assert data["case"]["simulated"] == pytest.approx(expected.simulated, rel=1e-12)
+    assert data["case"]["ratio"] == pytest.approx(expected.ratio, rel=1e-12)
+    assert data["step_s"] == pytest.approx(expected.step_s, rel=1e-12)
+
+
+def test_cost_case_with_a_cached_prefix_and_another_cost_model(cli, tmp_path):
+    out = tmp_path / "case.json"
+    res = cli("deepseek-v3-production-h800", "--case", "1", "--cost-model", "hopper-derived",
+              "--json", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    # 4,989-token prompts, 56.3 % cached: 2,180 new tokens after 2,809 cached
+    assert (data["prompt"], data["prefix"], data["cost_model"]) == (2180, 2809, "hopper-derived")
+    assert data["case"]["simulated"] == pytest.approx(
+        data["tokens_per_s_per_node"] * 4989 / 2180, rel=1e-12
+    )
+
+
+def test_a_published_case_file_is_a_scenario_everywhere(cli):
+    """A case file's deployment is usable as CONFIG (cost without --case costs its scenario);
+    a bad override names the key inside the file's `scenario:`."""
+    res = cli("deepseek-v3-profile-h800", "--batch", "128", "--context", "4096")
+    assert res.exit_code == 0 and "EP128 on h800" in res.output
+    res = cli("deepseek-v3-profile-h800", "--batch", "1", "--context", "1",
+              "--set", "pools.decode.ep=x")  # fmt: skip
+    assert res.exit_code == 2 and "scenario.pools.decode.ep" in res.output
+
+
+@pytest.mark.parametrize(
+    ("config", "args", "message"),
+    [
+        ("sglang-v3-h100-96gpu", ["--case", "9"], "no such case (1: prefill, 1K prompts"),
+        ("sglang-v3-h100-96gpu", ["--case", "decode"], "no such case"),
+        ("default", ["--case", "1"], "not a published case file"),
+        ("sglang-v3-h100-96gpu", ["--case", "1", "--prompt", "8"], "--prompt: --case sets"),
+        ("sglang-v3-h100-96gpu", ["--case", "5", "--pool", "prefill"], "is a decode case"),
+        ("default", ["--prefix", "8", "--batch", "4", "--context", "8"], "--prefix does not"),
+    ],
+)
+def test_cost_case_bad_input(cli, config, args, message):
+    res = cli(config, *args)
+    assert res.exit_code == 2 and res.output.startswith("error:"), res.output
+    assert message in res.output and "Traceback" not in res.output
