@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError, UserError
 from ..models.hardware import HardwareSpec
-from ..models.profile import Dtypes, HardwareCoefs, ModelFits, Profile, Provenance
+from ..models.profile import Dtypes, HardwareCoefs, ModelFits, MoeCoef, Profile, Provenance
 from ..models.registry import load_hardware, load_model
 from ..models.spec import Precision, compute_class, dtype_bytes
 
@@ -136,14 +136,18 @@ def scale_coefs(base: HardwareCoefs, r: Ratios) -> HardwareCoefs:
         )
         for k, c in base.decode.items()
     }
-    m = base.moe  # e and f scale by their own resource; k (how the two combine) is kept
-    moe = m.model_copy(update={"e": m.e * r.mem * r.expert_bytes, "f": m.f * r.expert})
+
+    def routed(m: MoeCoef) -> MoeCoef:  # e, f by their own resource; k (how they combine) kept
+        return m.model_copy(update={"e": m.e * r.mem * r.expert_bytes, "f": m.f * r.expert})
+
+    alone = base.moe_experts
     vis = base.vision_seconds_per_image
     return base.model_copy(
         update={
             "prefill": prefill,
             "decode": decode,
-            "moe": moe,
+            "moe": routed(base.moe),
+            "moe_experts": None if alone is None else routed(alone),
             "vision_seconds_per_image": None if vis is None else vis * r.vision,
         }
     )

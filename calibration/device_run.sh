@@ -9,7 +9,9 @@
 #
 # Stages: check (deepseek_check + DeepGEMM probe), graphprefill (its graphed-prefill check
 # alone), table (kernel table), deepgemm (DeepGEMM's
-# masked grouped MoE GEMM against torch._scaled_grouped_mm), v41 / v3 / v4flash /
+# masked grouped MoE GEMM against torch._scaled_grouped_mm), moesplit (every model's routed
+# experts timed whole and alone: calibration/moe_split.py; NO_KERNELS=1 skips the kernel build
+# it does not need), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), v41kernels (V4.1-Flash's kernel
 # fits alone: no engine steps, no vision), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
@@ -57,7 +59,8 @@ cd /tmp  # import the kernels from site/, never from extracted sources
 nvidia-smi -L | tee -a "$OUT/log.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" \
   | tee -a "$OUT/log.txt"
-if ! python3 -c "import flash_mla" >>"$OUT/log.txt" 2>&1; then
+# NO_KERNELS=1: the stages need none of DeepSeek's built kernels (moesplit): no build
+if [ "${NO_KERNELS:-0}" != 1 ] && ! python3 -c "import flash_mla" >>"$OUT/log.txt" 2>&1; then
   log "flash_mla does not import: building the vendored kernels"
   bash "$REPO/vendor/build-on-gpu.sh" "$KB" 2>&1 | tail -5 | tee -a "$OUT/log.txt"
   (cd "$KB" && tar -cJf "$OUT/site.tar.xz" site)
@@ -76,6 +79,7 @@ for stage in "$@"; do
 import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
 print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
+    moesplit) run 540 moesplit $P.calibration.moe_split measure --out "$OUT/moe_split.json" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --engine-depth "${ENGINE_DEPTH:-1}" \
         --out "$OUT/v41.yaml" ;;
     v41kernels) run 330 v41kernels $CAL --model deepseek-v4.1-flash --no-engine --no-vision \

@@ -37,7 +37,13 @@ from ..models.profile import EngineOverhead, Profile, load_profile, write_profil
 from ..models.registry import load_model
 from .fit import PREFILL_FORMS, PrefillForm
 from .run import fit_lines, partial_fits
-from .sweep import engine_stack, fit_engine_overhead, fit_kernels, measurements_of
+from .sweep import (
+    engine_stack,
+    fit_engine_overhead,
+    fit_experts_alone,
+    fit_kernels,
+    measurements_of,
+)
 
 
 def _noted(profile: Profile, models: dict, note: str) -> Profile:
@@ -63,13 +69,11 @@ def refit_kernels(
         )
     models = {}
     for name, fits in profile.models.items():
-        prefill, decode, moe, errors = fit_kernels(
-            measurements_of(fits.raw), load_model(name).moe.top_k, prefill_forms
-        )
-        hardware = {
-            hw: c.model_copy(update={"prefill": prefill, "decode": decode, "moe": moe})
-            for hw, c in fits.hardware.items()
-        }
+        m, top_k = measurements_of(fits.raw), load_model(name).moe.top_k
+        prefill, decode, moe, errors = fit_kernels(m, top_k, prefill_forms)
+        alone = fit_experts_alone(m, top_k, errors)
+        update = {"prefill": prefill, "decode": decode, "moe": moe, "moe_experts": alone}
+        hardware = {hw: c.model_copy(update=update) for hw, c in fits.hardware.items()}
         models[name] = fits.model_copy(update={"hardware": hardware, "fit": errors})
     return _noted(profile, models, "; kernel fits re-fitted from raw (refit.py --kernels)")
 

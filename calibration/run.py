@@ -30,6 +30,7 @@ from .sweep import (
     Measurements,
     build_profile,
     fit_attention,
+    fit_experts_alone,
     fit_routed,
     measure,
     measurements_of,
@@ -167,4 +168,5 @@ def partial_fits(
     fits = fit_attention(m, prefill_forms)[2]
     if len(m.moe) >= 4:
         fits["moe"] = fit_routed(m, model.moe.top_k)[1]
+    fit_experts_alone(m, model.moe.top_k, fits)
     return fits

@@ -93,6 +93,7 @@ class Bench(Protocol):
         self, kind: str, batch: int, context: int, verify: int, spread: float = 0.0
     ) -> float: ...
     def moe(self, local_experts: int, tokens: int) -> float: ...
+    def moe_experts(self, local_experts: int, tokens: int) -> float: ...  # GEMMs, SwiGLU only
     def a2a_table(self) -> list[tuple[float, float]]: ...  # (bytes to a peer, s); [] on one GPU
     def copy_bandwidth(self) -> float: ...  # bytes/s, read + write counted
     def vision(self) -> float | None: ...
@@ -307,6 +308,9 @@ class Measurements:
     prefill_off: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
     decode_off: dict[str, list[tuple[int, int, int, float]]] = field(default_factory=dict)
     moe_off: list[tuple[int, int, float]] = field(default_factory=list)
+    # the experts' own work alone (no routing sort, gather or combine): TorchBench.moe_experts
+    moe_experts: list[tuple[int, int, float]] = field(default_factory=list)
+    moe_experts_off: list[tuple[int, int, float]] = field(default_factory=list)
     a2a: list[tuple[float, float]] = field(default_factory=list)
     copy_bandwidth: float = 0.0
     vision: float | None = None
@@ -315,7 +319,7 @@ class Measurements:
     seconds: float = 0.0
 
 
-def _each(
+def time_each(
     items: Iterable[Any], log: Callable[[str], None], what: str, fn: Callable[..., float]
 ) -> list[Any]:
     out = []
@@ -349,18 +353,21 @@ def measure(
             return bench.decode(k, b, c, v, grid.decode_spread)
 
         log(f"prefill {kind}")
-        m.prefill[kind] = _each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
-        m.prefill_off[kind] = _each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
+        m.prefill[kind] = time_each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
+        m.prefill_off[kind] = time_each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
         save(m)
         log(f"decode {kind}")
-        m.decode[kind] = _each(grid.decode_shapes(), log, f"decode {kind}", dec)
-        m.decode_off[kind] = _each(
+        m.decode[kind] = time_each(grid.decode_shapes(), log, f"decode {kind}", dec)
+        m.decode_off[kind] = time_each(
             grid.offgrid_decode_shapes(), log, f"decode {kind} off-grid", dec
         )
         save(m)
     log("moe")
-    m.moe = _each(grid.moe_shapes(), log, "moe", bench.moe)
-    m.moe_off = _each(grid.off_moe, log, "moe off-grid", bench.moe)
+    m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
+    m.moe_off = time_each(grid.off_moe, log, "moe off-grid", bench.moe)
+    log("moe, experts alone")
+    m.moe_experts = time_each(grid.moe_shapes(), log, "moe experts", bench.moe_experts)
+    m.moe_experts_off = time_each(grid.off_moe, log, "moe experts off-grid", bench.moe_experts)
     save(m)
     log("all-to-all")
     m.a2a = bench.a2a_table()
@@ -402,20 +409,31 @@ def fit_kernels(
     return prefill, decode, moe, fits
 
 
-def fit_routed(m: Measurements, top_k: int) -> tuple[MoeCoef, FitError]:
+def fit_routed(m: Measurements, top_k: int, experts: bool = False) -> tuple[MoeCoef, FitError]:
     """The routed experts' fit of ``m`` (a timed call of T tokens over E experts routes
-    T·min(top_k, E) pairs), scored on its off-grid shapes."""
+    T·min(top_k, E) pairs), scored on its off-grid shapes; ``experts``: of the experts' own
+    work alone (``Measurements.moe_experts``)."""
 
     def moe_X(rows: Sequence[tuple[int, int, float]]) -> tuple[np.ndarray, np.ndarray]:
         pairs = [(e, tok * min(top_k, e), t) for e, tok, t in rows]
         E, R, t = _arr(pairs, 3).T
         return np.stack([E, R], axis=1), t
 
-    if len(m.moe) < 4:
-        raise RuntimeError(f"only {len(m.moe)} routed-expert shapes could be timed")
-    X, t = moe_X(m.moe)
-    Xo, to = moe_X(m.moe_off)
+    grid, off = (m.moe_experts, m.moe_experts_off) if experts else (m.moe, m.moe_off)
+    if len(grid) < 4:
+        raise RuntimeError(f"only {len(grid)} routed-expert shapes could be timed")
+    X, t = moe_X(grid)
+    Xo, to = moe_X(off)
     return fit_moe(X, t, Xo, to)
+
+
+def fit_experts_alone(m: Measurements, top_k: int, fits: dict[str, FitError]) -> MoeCoef | None:
+    """The fit of the experts' own work where ``m`` timed it (else None), its error into
+    ``fits["moe_experts"]``."""
+    if len(m.moe_experts) < 4:
+        return None
+    coef, fits["moe_experts"] = fit_routed(m, top_k, experts=True)
+    return coef
 
 
 def fit_attention(
@@ -451,6 +469,8 @@ def raw_of(m: Measurements) -> dict[str, list[list[float | str]]]:
         "prefill_offgrid": [[k, *map(float, r)] for k, rows in m.prefill_off.items() for r in rows],
         "decode_offgrid": [[k, *map(float, r)] for k, rows in m.decode_off.items() for r in rows],
         "moe_offgrid": [list(map(float, r)) for r in m.moe_off],
+        "moe_experts": [list(map(float, r)) for r in m.moe_experts],
+        "moe_experts_offgrid": [list(map(float, r)) for r in m.moe_experts_off],
     }
 
 
@@ -467,6 +487,10 @@ def measurements_of(raw: dict[str, list[list[Any]]]) -> Measurements:
             )
     m.moe = [(int(e), int(t), float(s)) for e, t, s in raw.get("moe", [])]
     m.moe_off = [(int(e), int(t), float(s)) for e, t, s in raw.get("moe_offgrid", [])]
+    m.moe_experts = [(int(e), int(t), float(s)) for e, t, s in raw.get("moe_experts", [])]
+    m.moe_experts_off = [
+        (int(e), int(t), float(s)) for e, t, s in raw.get("moe_experts_offgrid", [])
+    ]
     return m
 
 
@@ -492,11 +516,16 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
         # one GPU: model the link like the roofline does, at the efficiency HBM copies reach
         eff = min(1.0, m.copy_bandwidth / hw.hbm_bytes_per_s)
         a2a = A2aCoef(latency_s=hw.scaleup.latency_s, link_efficiency=eff, measured=False)
-    over = {k: float(np.median(v)) for k, v in bench.host_overhead.items() if v}
+    over = {
+        k: float(np.median(v))
+        for k, v in bench.host_overhead.items()
+        if v and k in HostOverhead.model_fields
+    }
     coefs = HardwareCoefs(
         prefill=prefill,
         decode=decode,
         moe=moe,
+        moe_experts=fit_experts_alone(m, bench.spec.moe.top_k, fits),
         a2a=a2a,
         vision_seconds_per_image=m.vision,
         graphed=bool(over),

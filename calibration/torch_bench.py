@@ -124,7 +124,10 @@ class TorchBench:
         max_batch: int = 256,
         max_context: int = 65_536,
         local_experts: int = 8,
+        attention: bool = True,
     ) -> None:
+        """``attention=False``: only the routed experts will be timed, so the backend's
+        attention kernels need not run here (a MoE-only measurement needs no FlashMLA)."""
         import torch
 
         from ..models.registry import load_hardware, load_model
@@ -134,7 +137,7 @@ class TorchBench:
         self.backend = load_backend(backend)
         self.kernels = self.backend.name
         missing = [k for k in self.kinds if k not in self.backend.kinds]
-        if missing:
+        if missing and attention:
             raise UserError(
                 f"the {self.kernels} kernel backend has no {', '.join(missing)} attention "
                 f"kernels, which model {self.spec.name} needs (it has "
@@ -148,7 +151,7 @@ class TorchBench:
         self.cuda = self.device.type == "cuda"
         if self.cuda and not torch.cuda.is_available():
             raise UserError(f"--device {device}: no CUDA device is visible")
-        reason = self.backend.unavailable(self.device)
+        reason = self.backend.unavailable(self.device) if attention else None
         if reason:
             raise UserError(f"the {self.kernels} kernel backend cannot run on {device}: {reason}")
         self.device_name = torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
@@ -170,7 +173,12 @@ class TorchBench:
         self._gen = torch.Generator(device=self.device).manual_seed(0)
         self.use_graphs = True
         self.graph_failures = 0
-        self.host_overhead: dict[str, list[float]] = {"prefill": [], "decode": [], "moe": []}
+        self.host_overhead: dict[str, list[float]] = {
+            "prefill": [],
+            "decode": [],
+            "moe": [],
+            "moe_experts": [],
+        }
 
     @property
     def engine_graphs(self) -> bool:
@@ -338,7 +346,7 @@ class TorchBench:
         del graph
         return t
 
-    def moe(self, local_experts: int, tokens: int) -> float:
+    def moe_block(self, local_experts: int) -> Any:
         if local_experts not in self._moe:
             self._moe.clear()  # one expert set in memory at a time
             shape = self.shape.scaled(
@@ -349,10 +357,24 @@ class TorchBench:
             mode = getattr(block, "dtype_mode", None) or getattr(block, "weight_dtype", None)
             if self._expert_dtype is None and mode is not None:
                 self._expert_dtype = "fp8" if mode == "fp8" else dtype_name(block.dtype)
-        moe = self._moe[local_experts]
+        return self._moe[local_experts]
+
+    def moe(self, local_experts: int, tokens: int) -> float:
+        """One rank's routed experts, ``tokens`` tokens over ``local_experts``: routing sorted,
+        rows gathered (quantized), grouped GEMMs, weighted combine."""
+        moe = self.moe_block(local_experts)
         x = self._x(tokens, self.shape.hidden)
         ids, w = moe.uniform_routing(tokens, seed=tokens)
         return self._measure("moe", lambda: moe.forward_routed(x, ids, w))
+
+    def moe_experts(self, local_experts: int, tokens: int) -> float:
+        """The experts' own work alone (rows already sorted by expert and quantized): what is
+        left of :meth:`moe` where an EP exchange's kernels gather and combine."""
+        moe = self.moe_block(local_experts)
+        x = self._x(tokens, self.shape.hidden)
+        ids, _ = moe.uniform_routing(tokens, seed=tokens)
+        rows, offs = moe.prepare_experts(x, ids)
+        return self._measure("moe_experts", lambda: moe.forward_experts(rows, offs))
 
     def release_kernels(self) -> None:
         """Drop the single-layer blocks, their pools (sized for the grid's longest prefixes and

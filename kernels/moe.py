@@ -22,7 +22,7 @@ Outputs are combined in float32 with ``index_add_`` and returned in the compute 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -142,13 +142,28 @@ class MoEBlock:
         t, d = x.shape
         if t == 0:
             return x.new_zeros((0, d))
-        f = self.shape.expert_width
         order, tok, offs = self.sort_by_expert(topk_ids)
-        xs = x.index_select(0, tok)
-        h = self._gmm(xs, 13, offs, self.path)  # [T*k, 2F]
-        a = torch.nn.functional.silu(h[:, :f]) * h[:, f:]
-        y = self._gmm(a, 2, offs, self.path)  # [T*k, D]
+        y = self.forward_experts(self.gather_rows(x, tok), offs)
         return self.combine(y, order, tok, topk_weights, t)
+
+    def gather_rows(self, x: torch.Tensor, tok: torch.Tensor) -> Any:
+        """The experts' input rows, token ``tok[i]`` as row i (sorted by expert)."""
+        return x.index_select(0, tok)
+
+    def forward_experts(self, rows: Any, offs: torch.Tensor) -> torch.Tensor:
+        """The experts' own work on rows already sorted by expert (``gather_rows``), with the
+        cumulative per-expert offsets: grouped GEMM, SwiGLU, grouped GEMM. Under expert
+        parallelism this is what a rank computes between the exchange's dispatch (which sorts,
+        quantizes and delivers the rows) and its combine (which weights and sums them)."""
+        f = self.shape.expert_width
+        h = self._gmm(rows, 13, offs, self.path)  # [T*k, 2F]
+        a = torch.nn.functional.silu(h[:, :f]) * h[:, f:]
+        return self._gmm(a, 2, offs, self.path)  # [T*k, D]
+
+    def prepare_experts(self, x: torch.Tensor, topk_ids: torch.Tensor) -> tuple[Any, torch.Tensor]:
+        """(rows, offsets) for :meth:`forward_experts`: what an EP exchange hands the experts."""
+        _, tok, offs = self.sort_by_expert(topk_ids)
+        return self.gather_rows(x, tok), offs
 
     def sort_by_expert(
         self, topk_ids: torch.Tensor

@@ -59,6 +59,20 @@ class AllToAllParams(FrozenModel):
     latency_s: float | None = Field(
         None, ge=0, description="per exchange; default: the datasheet latency of the links used"
     )
+    normal_sm_share: float = Field(
+        0.15,
+        ge=0,
+        lt=1,
+        description="share of the GPU's SMs the normal kernels hold while they run, taken from "
+        "compute that overlaps them (DeepEP Buffer.num_sms default 20 of H800's 132 SMs)",
+    )
+    low_latency_sm_share: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="the same for the low-latency kernels: 0, their hook-based receive holds no "
+        "SM (DeepEP README)",
+    )
 
 
 def _comb_ratio(n: float, m: float, k: int) -> float:
@@ -102,7 +116,7 @@ def routing_spread(model: ModelSpec, ep: int, domain_gpus: int) -> tuple[float, 
 class AllToAll:
     """EP dispatch + combine time per step over all MoE layers of a phase."""
 
-    __slots__ = ("_bw", "_bytes", "_latency", "_layers", "dispatch_share", "ep")
+    __slots__ = ("_bw", "_bytes", "_latency", "_layers", "_sm_share", "dispatch_share", "ep")
 
     def __init__(
         self,
@@ -153,6 +167,7 @@ class AllToAll:
         lat = latency_s if latency_s is not None else p.latency_s
         self._latency = 2 * (link_latency if lat is None else lat)  # dispatch and combine
         self._layers = {ph: model.moe_layer_count(ph) for ph in PHASE_MODE}
+        self._sm_share = {"normal": p.normal_sm_share, "low_latency": p.low_latency_sm_share}
 
     def time(self, tokens_per_rank: float, phase: Phase) -> float:
         if self.ep <= 1 or tokens_per_rank <= 0:
@@ -162,6 +177,10 @@ class AllToAll:
         bw_out, bw_up = self._bw[mode]
         transfer = tokens_per_rank * max(out_b / bw_out, up_b / bw_up)
         return (self._latency + transfer) * self._layers[phase]
+
+    def sm_share(self, phase: Phase) -> float:
+        """Share of the SMs the phase's exchange takes from compute running beside it."""
+        return self._sm_share[PHASE_MODE[phase]]
 
     def bytes_per_token(self, phase: Phase) -> tuple[float, float]:
         """(scale-out, scale-up) bytes a rank sends per token over one MoE layer's exchanges."""

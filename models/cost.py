@@ -159,12 +159,18 @@ class StepCost(ABC):
         received = imbalance * sent_sum / self.shape.ep
         return self.moe_s(received, phase), self.a2a_s(max(sent_max, received), phase)
 
-    def compose(self, dense_max: float, moe: float, comm: float) -> float:
+    def compose(self, dense_max: float, moe: float, comm: float, phase: Phase) -> float:
+        """Compute, then the all-to-all beyond what ``comm_overlap`` of the compute hides; the
+        compute that runs beside the exchange loses the exchange's share of the SMs for as long
+        as it runs (DeepEP's normal kernels; the low-latency ones hold none)."""
         compute = dense_max + moe
-        exposed = max(0.0, comm - self.comm_overlap * compute)
-        return self.step_overhead_s + compute + exposed
+        hidden = min(comm, self.comm_overlap * compute)
+        stolen = self._a2a.sm_share(phase) * hidden
+        return self.step_overhead_s + compute + (comm - hidden) + stolen
 
-    def compose_tbo(self, dense_half: float, moe_half: float, comm_half: float) -> float:
+    def compose_tbo(
+        self, dense_half: float, moe_half: float, comm_half: float, phase: Phase
+    ) -> float:
         """Two-batch overlap: the step runs as two micro-batches of half the load (fixed costs
         such as weight reads are paid twice — the price at small batches). A layer is attention
         (a), dispatch (d), experts (m), combine (e) for each; micro-batch B runs one stage behind
@@ -173,25 +179,31 @@ class StepCost(ABC):
         attention, A's experts under B's dispatch, A's combine under B's experts, B's combine
         under A's next attention. It is 2·(a + m) with no communication and 2·(d + e) with no
         compute, and longer than 2·max(a + m, d + e) whenever a stage of one stream is not the
-        same length as the stage it hides under."""
+        same length as the stage it hides under. An exchange that holds a share s of the SMs
+        slows the compute beside it: a stage of compute c under exchange x lasts max(x, c + s·x)."""
         a, m = dense_half, moe_half
         d = self.dispatch_share * comm_half
         e = comm_half - d
-        return self.step_overhead_s + max(a, e) + max(d, a) + max(m, d) + max(e, m)
+        s = self._a2a.sm_share(phase)
+
+        def stage(compute: float, comm: float) -> float:
+            return max(comm, compute + s * comm)
+
+        return self.step_overhead_s + stage(a, e) + stage(a, d) + stage(m, d) + stage(m, e)
 
     def breakdown(
-        self, dense_max: float, context_free: float, moe: float, comm: float
+        self, dense_max: float, context_free: float, moe: float, comm: float, phase: Phase
     ) -> StepBreakdown:
         """The parts of ``compose(dense_max, moe, comm)`` — with two-batch overlap, arguments of
         one micro-batch and parts of both; ``context_free``: the slowest rank's dense time with
         no context (so dense_max − context_free is attention over context)."""
         if self.shape.two_batch_overlap:
-            step = self.compose_tbo(dense_max, moe, comm)
+            step = self.compose_tbo(dense_max, moe, comm, phase)
             dense_max, context_free, moe, comm = (
                 2 * x for x in (dense_max, context_free, moe, comm)
             )
         else:
-            step = self.compose(dense_max, moe, comm)
+            step = self.compose(dense_max, moe, comm, phase)
         exposed = max(0.0, step - self.step_overhead_s - dense_max - moe)
         return StepBreakdown(
             step_s=step,
@@ -215,7 +227,7 @@ class StepCost(ABC):
         moe, comm = self.experts_and_exchange(
             float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
         )
-        return self.breakdown(float(dense[i]), bare, moe, comm)
+        return self.breakdown(float(dense[i]), bare, moe, comm, "decode")
 
     def prefill_breakdown(
         self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
@@ -223,7 +235,7 @@ class StepCost(ABC):
         """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
         dense, moe, comm = self._prefill_parts(ranks, imbalance)
         bare, _, _ = self._prefill_parts([[(n, 0) for n, _ in c] for c in ranks], imbalance)
-        return self.breakdown(dense, bare, moe, comm)
+        return self.breakdown(dense, bare, moe, comm, "prefill")
 
     def _prefill_parts(
         self,
@@ -281,7 +293,9 @@ class StepCost(ABC):
         """Step time of a prefill instance whose DP ranks compute the given chunks through the
         prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
         parts = self._prefill_parts(ranks, imbalance, replay)
-        return self.compose_tbo(*parts) if self.shape.two_batch_overlap else self.compose(*parts)
+        if self.shape.two_batch_overlap:
+            return self.compose_tbo(*parts, "prefill")
+        return self.compose(*parts, "prefill")
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
         """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step
@@ -316,8 +330,8 @@ class StepCost(ABC):
             float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
         )
         if self.shape.two_batch_overlap:
-            return self.compose_tbo(dense_max, moe, comm)
-        return self.compose(dense_max, moe, comm)
+            return self.compose_tbo(dense_max, moe, comm, "decode")
+        return self.compose(dense_max, moe, comm, "decode")
 
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         """The decode step from per-rank rows ``load = [batch; kv_tokens; tokens; kv-weighted
@@ -332,8 +346,8 @@ class StepCost(ABC):
             float(tokens.max()), float(tokens.sum()), imbalance, "decode"
         )
         if self.shape.two_batch_overlap:
-            return self.compose_tbo(dense_max, moe, comm)
-        return self.compose(dense_max, moe, comm)
+            return self.compose_tbo(dense_max, moe, comm, "decode")
+        return self.compose(dense_max, moe, comm, "decode")
 
 
 class RooflineStepCost(StepCost):
@@ -461,5 +475,5 @@ class RooflineStepCost(StepCost):
             float(tokens_max), float(load[2].sum()), imbalance, "decode"
         )
         if tbo:
-            return self.compose_tbo(dense_max, moe, comm)
-        return self.compose(dense_max, moe, comm)
+            return self.compose_tbo(dense_max, moe, comm, "decode")
+        return self.compose(dense_max, moe, comm, "decode")

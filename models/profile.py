@@ -222,6 +222,12 @@ class HardwareCoefs(FrozenModel):
     prefill: dict[Kind, PrefillCoef]
     decode: dict[Kind, DecodeCoef]
     moe: MoeCoef
+    moe_experts: MoeCoef | None = Field(
+        None,
+        description="the experts' own work alone (grouped GEMMs, SwiGLU): a decode rank's "
+        "routed-expert time under expert parallelism, whose low-latency exchange sorts, "
+        "quantizes, gathers and combines (``moe`` times those too). None: not measured",
+    )
     a2a: A2aCoef
     vision_seconds_per_image: float | None = None
     graphed: bool = Field(

@@ -133,8 +133,11 @@ class ProfileStepCost(StepCost):
             self._dec_vkv += n * c.e
             self._dec_ctx += n * c.h
             self._dec_query += n * c.q
-        m = coefs.moe
-        self._moe_const = m.a
+        # decode across ranks: the low-latency exchange sorts, quantizes, gathers and combines
+        # the rows (its measured time is the all-to-all's), so a rank's experts cost only their
+        # own work where the profile timed it alone; prefill's permutes stay with the experts
+        alone = coefs.moe_experts if shape.ep > 1 else None
+        self._moe_fit = {ph: alone if alone and ph == "decode" else coefs.moe for ph in PHASES}
         self._moe_host = {
             ph: host.moe
             if eager
@@ -143,11 +146,7 @@ class ProfileStepCost(StepCost):
             else 0.0
             for ph in PHASES
         }
-        self._moe_e = m.e
         self._moe_experts = model.experts_per_gpu(shape.ep, shape.redundant_experts_per_gpu)
-        self._moe_pair = m.f
-        self._moe_tile = m.tile if m.form == "tile" else 1
-        self._moe_k = m.k
         self._top_k = model.moe.top_k
         if eager and not overlap:  # the engine core's own host time per step (EngineOverhead)
             self._pre = (
@@ -228,18 +227,18 @@ class ProfileStepCost(StepCost):
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
             return 0.0
+        fit = self._moe_fit[phase]
         pairs = tokens_per_rank * self._top_k
         E = self._moe_experts
         active = E * (1.0 - math.exp(-pairs / E))
-        tile = self._moe_tile
+        tile = fit.tile if fit.form == "tile" else 1
         rows = pairs if tile == 1 else tile * active * math.ceil(pairs / (active * tile))
-        k = self._moe_k
+        k = fit.k
         if k == 1.0:  # the additive form, exactly as before k existed
-            per_layer = self._moe_const + self._moe_host[phase] + self._moe_e * active
-            per_layer += self._moe_pair * rows
+            per_layer = fit.a + self._moe_host[phase] + fit.e * active + fit.f * rows
             return per_layer * self._moe_layers[phase]
         # (w^k + g^k)^(1/k) as m·((w/m)^k + (g/m)^k)^(1/k), like calibration.fit.smooth_sum
-        w, g = self._moe_e * active, self._moe_pair * rows
+        w, g = fit.e * active, fit.f * rows
         m = w if w > g else g
         both = m * ((w / m) ** k + (g / m) ** k) ** (1.0 / k) if m > 0 else 0.0
-        return (self._moe_const + self._moe_host[phase] + both) * self._moe_layers[phase]
+        return (fit.a + self._moe_host[phase] + both) * self._moe_layers[phase]

@@ -10,6 +10,8 @@ through the reference's grouped bf16/float32 path ("emulated").
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..moe import MoEBlock
@@ -25,18 +27,17 @@ class DSMoEBlock(MoEBlock):
         a = (aq.float() * a_s.unsqueeze(-1)).to(self.dtype)
         return self._gmm(a, which, offs, "grouped_mm" if self.path == "grouped_mm" else "loop")
 
-    def forward_routed(
-        self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
-    ) -> torch.Tensor:
+    def gather_rows(self, x: torch.Tensor, tok: torch.Tensor) -> Any:
         if self.dtype_mode != "fp8":
-            return super().forward_routed(x, topk_ids, topk_weights)
-        t, d = x.shape
-        if t == 0:
-            return x.new_zeros((0, d))
-        order, tok, offs = self.sort_by_expert(topk_ids)
-        xq, xs, _ = quantize_rows(x)
-        h = self._grouped(xq[0].index_select(0, tok), xs[0].index_select(0, tok), 13, offs)
+            return super().gather_rows(x, tok)
+        xq, xs, _ = quantize_rows(x)  # once per token, then FP8 rows and scales gathered
+        return xq[0].index_select(0, tok), xs[0].index_select(0, tok)
+
+    def forward_experts(self, rows: Any, offs: torch.Tensor) -> torch.Tensor:
+        if self.dtype_mode != "fp8":
+            return super().forward_experts(rows, offs)
+        aq, a_s = rows
+        h = self._grouped(aq, a_s, 13, offs)
         r = h.shape[0]
         gq, gs, _ = quantize_rows(h, silu=True)
-        y = self._grouped(gq[0, :r], gs[0, :r], 2, offs)
-        return self.combine(y, order, tok, topk_weights, t)
+        return self._grouped(gq[0, :r], gs[0, :r], 2, offs)

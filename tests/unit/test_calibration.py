@@ -684,6 +684,10 @@ class SyntheticBench:
         X = np.array([[local_experts, tokens * 6]], dtype=float)
         return self._noise(float(moe_model(np.array([1e-5, 4e-6, 3e-9]), X)[0]))
 
+    def moe_experts(self, local_experts: int, tokens: int) -> float:  # no gather or combine
+        X = np.array([[local_experts, tokens * 6]], dtype=float)
+        return self._noise(float(moe_model(np.array([4e-6, 4e-6, 2e-9]), X)[0]))
+
     def a2a_table(self) -> list[tuple[float, float]]:
         return [(float(b), 1e-5 + b / 4e11) for b in (1 << 16, 1 << 20, 1 << 24, 1 << 26)]
 
@@ -711,7 +715,9 @@ def test_sweep_builds_a_profile_judged_off_the_grid(tmp_path):
     m = measure(bench, grid, log=lambda s: None)
     prof = build_profile(bench, m, "synthetic-measured", "test")
     fits = prof.models[FLASH]
-    assert set(fits.fit) == {"prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe"}
+    assert set(fits.fit) == {
+        "prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe", "moe_experts"
+    }  # fmt: skip
     for key, f in fits.fit.items():
         assert f.offgrid_mape is not None and f.offgrid_mape < 0.03, (key, f)
         assert f.n_offgrid > 0 and f.heldout_mape is None
@@ -720,6 +726,10 @@ def test_sweep_builds_a_profile_judged_off_the_grid(tmp_path):
     assert fits.hardware["h200"].decode["csa"].tile == 64
     assert len(fits.raw["decode_offgrid"]) == 2 * len(grid.offgrid_decode_shapes())
     assert len(fits.raw["moe_offgrid"]) == len(grid.off_moe)
+    # the experts alone: fitted apart (their synthetic constant and per-row cost are lower)
+    alone, whole = fits.hardware["h200"].moe_experts, fits.hardware["h200"].moe
+    assert alone is not None and alone.a < whole.a and alone.f < whole.f
+    assert len(fits.raw["moe_experts_offgrid"]) == len(grid.off_moe)
     assert prof.provenance.kernels == "synthetic" and prof.provenance.kernel_versions
     assert fits.hardware["h200"].a2a.measured
     assert fits.hardware["h200"].a2a.link_efficiency == pytest.approx(4e11 / 450e9, rel=1e-3)

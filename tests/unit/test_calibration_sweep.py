@@ -64,12 +64,18 @@ def test_the_profile_holds_fits_for_the_toy_model(calibrated):
     assert prof.provenance.kind == "measured" and prof.provenance.device == "cpu"
     assert prof.provenance.kernels == "reference" and prof.provenance.kernel_versions
     fits = prof.models["toy-v4"]
-    assert set(fits.fit) == {"prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe"}
+    kinds = {"prefill.csa", "prefill.hca", "decode.csa", "decode.hca", "moe", "moe_experts"}
+    assert set(fits.fit) == kinds
     assert all(f.n_offgrid > 0 and f.offgrid_mape is not None for f in fits.fit.values())
     assert fits.dtypes.kv_cache == "fp32" and fits.dtypes.attention == "fp32"  # CPU compute
     assert fits.widths is not None and fits.widths.hidden == 64
     for key in ("prefill", "decode", "moe", "prefill_offgrid", "decode_offgrid", "moe_offgrid"):
         assert fits.raw[key], key
+    # the experts alone (no routing sort, gather or combine): the same shapes, each faster
+    whole = {(e, t): s for e, t, s in fits.raw["moe"]}
+    alone = {(e, t): s for e, t, s in fits.raw["moe_experts"]}
+    assert alone.keys() == whole.keys()
+    assert fits.hardware["h200"].moe_experts is not None
     assert all(float(r[-1]) > 0 for r in fits.raw["decode"])
     coefs = fits.hardware["h200"]
     assert coefs.vision_seconds_per_image is None  # skipped by the tiny grid
@@ -377,4 +383,56 @@ def test_refit_names_a_missing_or_derived_input_and_exits_2(tmp_path, capsys):
     assert refit.main(["sm100-derived", str(out), "--kernels"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_moe_split_measures_the_experts_alone_and_merges_them(calibrated, tmp_path):
+    """``moe_split measure`` times the routed experts whole and alone on the grid's MoE shapes
+    (no attention kernels needed) and lists the kernels of one call of each; ``merge`` re-fits
+    ``moe`` and fits ``moe_experts`` into the profile. A decode group across ranks then charges
+    its experts only their own work (the low-latency exchange gathers and combines); one rank
+    alone, and prefill, keep the whole call."""
+    from deepinfer_sim.calibration import moe_split
+
+    measured = tmp_path / "moe.json"
+    args = ["measure", "--out", str(measured), "--device", "cpu", "--models", TOY]
+    args += ["--kernels", "reference", "--grid", "tiny", "--hardware", "h200"]
+    assert moe_split.main(args) == 0
+    data = json.loads(measured.read_text())
+    res = data["models"]["toy-v4"]
+    assert set(res["raw"]) == set(moe_split.RAW_KEYS) and all(res["raw"].values())
+    names = " ".join(k["name"] for k in res["profiled"]["moe"])
+    assert "sort" in names  # the routing sort: in the whole call, not the experts' own work
+    assert "sort" not in " ".join(k["name"] for k in res["profiled"]["moe_experts"])
+    out = tmp_path / "merged.yaml"
+    assert moe_split.main(["merge", str(measured), str(calibrated["path"]), str(out)]) == 0
+    prof = load_profile(str(out))
+    fits = prof.models["toy-v4"]
+    coefs = fits.hardware["h200"]
+    assert coefs.moe_experts is not None and {"moe", "moe_experts"} <= set(fits.fit)
+    assert fits.raw["moe_experts"] == res["raw"]["moe_experts"]
+    assert "moe_split.py" in prof.provenance.note
+    model, hw = load_model(TOY), load_hardware("h200")
+
+    def cost(ep: int, moe: Any, alone: Any) -> ProfileStepCost:
+        c = coefs.model_copy(update={"moe": moe, "moe_experts": alone})
+        return ProfileStepCost(model, hw, PoolShape(ep=ep, redundant_experts_per_gpu=0), c)
+
+    split, whole = cost(8, coefs.moe, coefs.moe_experts), cost(8, coefs.moe, None)
+    alone = cost(8, coefs.moe_experts, None)
+    assert split.moe_s(300.0, "decode") == pytest.approx(alone.moe_s(300.0, "decode"))
+    assert split.moe_s(300.0, "prefill") == pytest.approx(whole.moe_s(300.0, "prefill"))
+    one, one_whole = cost(1, coefs.moe, coefs.moe_experts), cost(1, coefs.moe, None)
+    assert one.moe_s(300.0, "decode") == pytest.approx(one_whole.moe_s(300.0, "decode"))
+
+
+def test_moe_split_merge_names_a_bad_file(calibrated, tmp_path):
+    from deepinfer_sim.calibration import moe_split
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"models": {"no-such-model": {"raw": {}}}}))
+    out = tmp_path / "x.yaml"
+    with pytest.raises(UserError, match="no-such-model"):
+        moe_split.merge(json.loads(bad.read_text()), load_profile(str(calibrated["path"])), "b")
+    assert moe_split.main(["merge", str(bad), str(calibrated["path"]), str(out)]) == 2
     assert not out.exists()

@@ -124,8 +124,32 @@ def test_two_batch_overlap_without_communication_or_compute_is_the_two_halves_ba
     None
 ):
     tbo = roofline(V3, "h800", 144, tbo=True)
-    assert tbo.compose_tbo(3.0, 1.0, 0.0) == pytest.approx(tbo.step_overhead_s + 8.0)
-    assert tbo.compose_tbo(0.0, 0.0, 3.0) == pytest.approx(tbo.step_overhead_s + 6.0)
+    for phase in ("decode", "prefill"):
+        assert tbo.compose_tbo(3.0, 1.0, 0.0, phase) == pytest.approx(tbo.step_overhead_s + 8.0)
+        assert tbo.compose_tbo(0.0, 0.0, 3.0, phase) == pytest.approx(tbo.step_overhead_s + 6.0)
+
+
+def test_two_batch_overlap_in_prefill_pays_the_exchanges_sm_share() -> None:
+    """A stage of compute c under a normal-mode exchange x lasts max(x, c + s·x): the exchange's
+    kernels hold a share s of the SMs. Compute-bound (c > (1 - s)·x) the stage grows by s·x;
+    exchange-bound the compute finishes inside it. Decode's low-latency kernels hold none."""
+    s = 20 / 132
+    tbo = RooflineStepCost(
+        load_model(V3),
+        load_hardware("h800"),
+        PoolShape(32, 0, True),
+        RooflineParams(),
+        StepParams(step_overhead_s=1e-4, all_to_all=AllToAllParams(normal_sm_share=s)),
+    )
+    o = 1e-4
+    a, m, comm = 3.0, 1.0, 0.9  # d = 0.3, e = 0.6: every stage compute-bound
+    expected = o + (a + s * 0.6) + (a + s * 0.3) + (m + s * 0.3) + (m + s * 0.6)
+    assert tbo.compose_tbo(a, m, comm, "prefill") == pytest.approx(expected)
+    assert tbo.compose_tbo(a, m, comm, "decode") == pytest.approx(o + 2 * (a + m))
+    # experts (1.0) under a combine of 3.0: the stage is the combine's
+    assert tbo.compose_tbo(3.0, 1.0, 4.5, "prefill") == pytest.approx(
+        o + max(3.0, 3.0 + s * 3.0) + max(1.5, 3.0 + s * 1.5) + max(1.5, 1.0 + s * 1.5) + 3.0
+    )
 
 
 def test_two_batch_overlap_in_prefill_and_the_packed_decode_path() -> None:

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from deepinfer_sim.models.attention import AttentionCost, TermSum
+from deepinfer_sim.models.comm import AllToAllParams
 from deepinfer_sim.models.cost import PoolShape, RooflineParams, RooflineStepCost, StepParams
 from deepinfer_sim.models.registry import bundled_dir, load_hardware, load_model
 from deepinfer_sim.models.spec import ModelSpec
@@ -370,7 +371,7 @@ def test_decode_step_is_set_by_the_slowest_rank() -> None:
     moe = c.moe_s(float(fewer.sum()) * 4.0 / 64, "decode")
     dense_max = float(c.decode_dense(b, kv, 4.0)[0])
     assert c.decode_step(fewer, kv, 4.0) == pytest.approx(
-        c.compose(dense_max, moe, c.a2a_s(70 * 4.0, "decode")), rel=1e-12
+        c.compose(dense_max, moe, c.a2a_s(70 * 4.0, "decode"), "decode"), rel=1e-12
     )
 
     # Few sequences per rank: the experts are weight-bound, so the mean load does not matter.
@@ -452,6 +453,7 @@ def test_decode_step_is_max_over_ranks_of_decode_dense(hw: str, seed: int) -> No
         max(singles),
         c.moe_s(imbalance * float(b.mean()) * verify, "decode"),
         c.a2a_s(float(b.max()) * verify, "decode"),
+        "decode",
     )
     assert c.decode_step(b, kv, verify, imbalance) == pytest.approx(expected, rel=1e-12)
 
@@ -529,22 +531,38 @@ def test_b200_ep64_all_to_all_is_scale_out_bound() -> None:
 def test_compose_hides_communication_behind_compute() -> None:
     """All-to-all up to comm_overlap × compute is hidden; only the excess adds to the step.
 
-    DeepEP's two-micro-batch overlap runs one micro-batch's communication under the other's
-    compute; with overlap 0.7 and 10 ms of compute, up to 7 ms of communication is free.
+    With overlap 0.7 and 10 ms of compute, up to 7 ms of communication hides. Decode's
+    low-latency exchange holds no SM, so what hides is free.
     """
     c = cost(step=StepParams(comm_overlap=0.7, step_overhead_s=2e-4))
     overhead = 2e-4
-    assert c.compose(6e-3, 4e-3, 0.0) == pytest.approx(overhead + 10e-3)
-    assert c.compose(6e-3, 4e-3, 5e-3) == pytest.approx(overhead + 10e-3)
-    assert c.compose(6e-3, 4e-3, 7e-3) == pytest.approx(overhead + 10e-3)
-    assert c.compose(6e-3, 4e-3, 10e-3) == pytest.approx(overhead + 10e-3 + 3e-3)
-    assert c.compose(6e-3, 6e-3, 10e-3) == pytest.approx(overhead + 12e-3 + 1.6e-3)
+    assert c.compose(6e-3, 4e-3, 0.0, "decode") == pytest.approx(overhead + 10e-3)
+    assert c.compose(6e-3, 4e-3, 5e-3, "decode") == pytest.approx(overhead + 10e-3)
+    assert c.compose(6e-3, 4e-3, 7e-3, "decode") == pytest.approx(overhead + 10e-3)
+    assert c.compose(6e-3, 4e-3, 10e-3, "decode") == pytest.approx(overhead + 10e-3 + 3e-3)
+    assert c.compose(6e-3, 6e-3, 10e-3, "decode") == pytest.approx(overhead + 12e-3 + 1.6e-3)
+
+
+def test_a_normal_mode_exchange_takes_its_sm_share_from_the_compute_beside_it() -> None:
+    """Prefill's normal-mode kernels hold normal_sm_share of the SMs while they run (DeepEP's
+    default 20 of 132): the hidden part of the exchange slows the compute under it by that
+    share of its length; the exposed part runs alone and costs only itself."""
+    params = AllToAllParams(normal_sm_share=0.2)
+    c = cost(step=StepParams(comm_overlap=0.7, step_overhead_s=0.0, all_to_all=params))
+    assert c.compose(6e-3, 4e-3, 5e-3, "prefill") == pytest.approx(10e-3 + 0.2 * 5e-3)
+    assert c.compose(6e-3, 4e-3, 10e-3, "prefill") == pytest.approx(10e-3 + 3e-3 + 0.2 * 7e-3)
+    assert c.compose(6e-3, 4e-3, 0.0, "prefill") == pytest.approx(10e-3)
+    assert c.compose(6e-3, 4e-3, 5e-3, "decode") == pytest.approx(10e-3)
+    assert AllToAllParams().normal_sm_share == pytest.approx(20 / 132, abs=0.005)
+    assert AllToAllParams().low_latency_sm_share == 0.0
 
 
 def test_compose_without_overlap_serialises_communication() -> None:
-    """With comm_overlap 0 nothing hides: step = overhead + compute + communication."""
+    """With comm_overlap 0 nothing hides: step = overhead + compute + communication, and no
+    compute runs beside the exchange to lose SMs."""
     c = cost(step=StepParams(comm_overlap=0.0, step_overhead_s=0.0))
-    assert c.compose(6e-3, 4e-3, 1e-3) == pytest.approx(11e-3)
+    assert c.compose(6e-3, 4e-3, 1e-3, "decode") == pytest.approx(11e-3)
+    assert c.compose(6e-3, 4e-3, 1e-3, "prefill") == pytest.approx(11e-3)
 
 
 @pytest.mark.parametrize("verify", [1.0, 3.2, 6.0])

@@ -369,6 +369,24 @@ def test_moe_with_empty_experts_and_given_routing() -> None:
     assert moe.forward_routed(x[:0], ids[:0], w[:0]).shape == (0, 64)
 
 
+@pytest.mark.parametrize("backend", ["reference", "deepseek"])
+def test_the_experts_alone_are_the_moe_less_its_gather_and_combine(backend: str) -> None:
+    """``prepare_experts`` (sort by expert, gather; FP8 on the deepseek backend: quantize once
+    per token) then ``forward_experts`` (GEMM, SwiGLU, GEMM) then the weighted combine is
+    ``forward_routed`` exactly: the calibration times the middle part alone as what a rank
+    computes under expert parallelism, where the exchange's kernels do the rest."""
+    from deepinfer_sim.kernels.backend import get_backend
+
+    moe = get_backend(backend).moe_block(LayerShape.toy(top_k=3), CPU, True, seed=21)
+    x = torch.randn(23, 64)
+    ids, w = moe.route(x)
+    rows, offs = moe.prepare_experts(x, ids)
+    y = moe.forward_experts(rows, offs)
+    assert y.shape == (23 * 3, 64) and int(offs[-1]) == 23 * 3
+    order, tok, _ = moe.sort_by_expert(ids)
+    assert torch.equal(moe.combine(y, order, tok, w, 23), moe.forward_routed(x, ids, w))
+
+
 # ---- vision -------------------------------------------------------------------------------------
 
 

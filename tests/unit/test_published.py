@@ -38,27 +38,30 @@ def test_every_case_runs_on_both_cost_models(results) -> None:
 
 
 def test_cases_within_tolerance_as_measured(results) -> None:
-    """What docs/validation.md reports (2026-12-02): the roofline predicts both V3 prefill
-    deployments and DeepSeek's profiled decode within 15 %, the H200-derived profile every SGLang
-    case and the production prefill. A change that moves one of these outside is a regression to
-    look at, not a number to re-tune. (The production decode at user speed was within 15 % on the
-    profile of device call 21 and is at 0.83 on call 26's: the two V3 decode fits agree on the
-    H200 within 3 % but split their time differently between the weight-read floor and the
-    compute terms, and the H800 derivation scales only the first; docs/validation.md.)"""
+    """What docs/validation.md reports (2026-12-02, with the normal-mode exchange's SM share):
+    the roofline predicts SGLang's prefill at 1K-4K prompts, its two-batch-overlap speed-up and
+    DeepSeek's profiled decode within tolerance; the H200-derived profile SGLang's decode and
+    the production prefill. A change that moves one of these outside is a regression to look
+    at, not a number to re-tune. (Until the SM share, the roofline's TBO speed-up was 1.45
+    against 1.31 while its prefill throughput was within 10 %: the two did not fit together;
+    the derived profile's prefill, 16-18 % below SGLang's with it, was within 15 % without.)"""
     within = {(r.file, r.name, r.cost_model) for r in results if r.within}
-    for name in (
-        "prefill, 1K prompts, EP32",
-        "prefill, 2K prompts, EP32",
-        "prefill, 4K prompts, EP32",
-        "decode, batch 256 per GPU, 2K context, EP72",
-    ):
-        assert ("sglang-v3-h100-96gpu", name, "hopper-derived") in within
-    assert (
-        "deepseek-v3-profile-h800",
-        "decode, batch 128 per GPU, 4K context, EP128",
-        "roofline",
-    ) in within
-    assert len(within) >= 11
+    expected = [
+        ("sglang-v3-h100-96gpu", "prefill, 1K prompts, EP32", "roofline"),
+        ("sglang-v3-h100-96gpu", "prefill, 2K prompts, EP32", "roofline"),
+        ("sglang-v3-h100-96gpu", "prefill, 4K prompts, EP32", "roofline"),
+        ("sglang-v3-h100-96gpu", "prefill speed-up from two-batch overlap, 2K prompts", "roofline"),
+        ("deepseek-v3-profile-h800", "decode, batch 128 per GPU, 4K context, EP128", "roofline"),
+        ("sglang-v3-h100-96gpu", "decode, batch 256 per GPU, 2K context, EP72", "hopper-derived"),
+        (
+            "deepseek-v3-production-h800",
+            "prefill, day average incl. 56.3 % cache hits, EP32",
+            "hopper-derived",
+        ),
+    ]
+    for case in expected:
+        assert case in within
+    assert len(within) >= len(expected)
 
 
 def test_validate_command_prints_and_writes_json(tmp_path: Path) -> None:

@@ -1,0 +1,188 @@
+"""The routed experts timed whole and alone, for every model of a profile, in one device call.
+
+A rank's routed-expert call (``TorchBench.moe``) sorts its (token, expert) pairs, gathers and
+quantizes the rows, runs the experts (grouped GEMM, SwiGLU, grouped GEMM) and combines the
+weighted outputs. Under expert parallelism in decode, DeepEP's low-latency kernels do the
+sorting, quantizing, gathering and weighted combining themselves (their measured times are the
+all-to-all's), so a decode rank's experts cost only the middle part (``TorchBench.moe_experts``,
+the profile's ``moe_experts``). This measures both on the calibration's MoE grid and off-grid
+shapes, needing only the experts' kernels (no FlashMLA), and merges them into a profile.
+
+    python -m deepinfer_sim.calibration.moe_split measure --out FILE.json [--device cuda]
+        [--models deepseek-v4.1-flash,deepseek-v3,...] [--kernels deepseek] [--grid quick]
+    python -m deepinfer_sim.calibration.moe_split merge FILE.json PROFILE.yaml OUT.yaml
+
+``measure`` also lists the kernels of one decode-sized call of each (``torch.profiler``, on the
+GPU), so the share the exchange takes over shows by name. ``merge`` re-fits each measured
+model's ``moe`` and fits its ``moe_experts`` (``sweep.fit_routed``), replacing those fits, their
+errors and raw points on the profile's one hardware, and notes the file in the provenance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..models.profile import Profile, load_profile, write_profile
+from ..models.registry import load_model
+from .sweep import (
+    Grid,
+    Measurements,
+    fit_experts_alone,
+    fit_routed,
+    measurements_of,
+    raw_of,
+    time_each,
+)
+
+MODELS = ("deepseek-v4.1-flash", "deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro")
+PROFILED = (8, 256)  # (local experts, tokens) of the profiled call: a decode rank's load
+RAW_KEYS = ("moe", "moe_offgrid", "moe_experts", "moe_experts_offgrid")
+
+
+def _kernels(fn: Any, cuda: bool, top: int = 14) -> list[dict[str, Any]]:
+    """Each kernel's device time (CPU time off the GPU) in one call of ``fn``, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        fn()
+    rows = []
+    for ev in prof.key_averages():
+        us = ev.device_time_total if cuda else ev.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": ev.key[:100], "calls": ev.count, "us": round(float(us), 1)})
+    return sorted(rows, key=lambda r: -r["us"])[:top]
+
+
+def measure_model(
+    model: str, device: str, kernels: str, grid: Grid, hardware: str | None = None, log: Any = print
+) -> dict[str, Any]:
+    """Both timings of one model on ``grid``'s MoE shapes, and the profiled decode-sized call."""
+    from .torch_bench import TorchBench
+
+    bench = TorchBench(
+        device, model, hardware, backend=kernels, repeats=grid.repeats, attention=False
+    )
+    bench.warmup()
+    m = Measurements()
+    m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
+    m.moe_off = time_each(grid.off_moe, log, "moe off-grid", bench.moe)
+    m.moe_experts = time_each(grid.moe_shapes(), log, "moe experts", bench.moe_experts)
+    m.moe_experts_off = time_each(grid.off_moe, log, "moe experts off-grid", bench.moe_experts)
+    e, t = min(PROFILED[0], max(grid.moe_e)), PROFILED[1]
+    moe = bench.moe_block(e)
+    x = bench.torch.randn((t, bench.shape.hidden), device=bench.device).to(moe.dtype)
+    ids, w = moe.uniform_routing(t, seed=t)
+    rows, offs = moe.prepare_experts(x, ids)
+    return {
+        "raw": {k: v for k, v in raw_of(m).items() if k in RAW_KEYS},
+        "profiled": {
+            "experts": e,
+            "tokens": t,
+            "moe": _kernels(lambda: moe.forward_routed(x, ids, w), bench.cuda),
+            "moe_experts": _kernels(lambda: moe.forward_experts(rows, offs), bench.cuda),
+        },
+        "model": bench.spec.name,
+        "device": bench.device_name,
+        "hardware": bench.hardware,
+        "software": bench.software,
+        "kernel_versions": dict(bench.kernel_versions),
+    }
+
+
+def merge(measured: dict[str, Any], profile: Profile, source: str) -> Profile:
+    """``profile`` with each measured model's ``moe`` re-fitted and ``moe_experts`` fitted from
+    ``measured`` (``measure``'s output); other models and fits are kept."""
+    models = dict(profile.models)
+    done = []
+    for name, res in measured.get("models", {}).items():
+        if name not in models:
+            raise UserError(f"{source}: model {name!r} is not in profile {profile.name!r}")
+        fits = models[name]
+        top_k = fits.widths.top_k if fits.widths else load_model(name).moe.top_k
+        if len(fits.hardware) != 1:
+            raise UserError(f"{profile.name}: {name} has fits for {len(fits.hardware)} hardware")
+        try:
+            m = measurements_of(res["raw"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{source}: {name}: not moe_split measurements ({exc})") from None
+        errors = dict(fits.fit)
+        moe, errors["moe"] = fit_routed(m, top_k)
+        alone = fit_experts_alone(m, top_k, errors)
+        ((hw, coefs),) = fits.hardware.items()
+        raw = {k: v for k, v in fits.raw.items() if k not in RAW_KEYS}
+        raw.update({k: res["raw"][k] for k in RAW_KEYS if res["raw"].get(k)})
+        models[name] = fits.model_copy(
+            update={
+                "hardware": {hw: coefs.model_copy(update={"moe": moe, "moe_experts": alone})},
+                "fit": errors,
+                "raw": raw,
+            }
+        )
+        done.append(name)
+    if not done:
+        raise UserError(f"{source}: no measured model")
+    note = f"; moe and moe_experts of {', '.join(done)} from {Path(source).name} (moe_split.py)"
+    prov = profile.provenance
+    return profile.model_copy(
+        update={"models": models, "provenance": prov.model_copy(update={"note": prov.note + note})}
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    me = sub.add_parser("measure")
+    me.add_argument("--out", type=Path, required=True)
+    me.add_argument("--device", default="cuda")
+    me.add_argument("--models", default=",".join(MODELS))
+    me.add_argument("--kernels", default="deepseek", choices=["deepseek", "reference"])
+    me.add_argument("--grid", default="quick", choices=["full", "quick", "tiny"])
+    me.add_argument("--hardware", help="the device's hardware name (default: detected)")
+    mg = sub.add_parser("merge")
+    mg.add_argument("measured", type=Path)
+    mg.add_argument("profile")
+    mg.add_argument("out", type=Path)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "measure":
+            grid = Grid.named(a.grid)
+            out: dict[str, Any] = {"grid": grid.name, "models": {}}
+            for name in (s for s in a.models.split(",") if s):
+                print(f"== {name}", flush=True)
+                res = measure_model(name, a.device, a.kernels, grid, a.hardware)
+                out["models"][res.pop("model")] = res
+                a.out.parent.mkdir(parents=True, exist_ok=True)
+                a.out.write_text(json.dumps(out, indent=1) + "\n")  # what is done so far
+            for name, res in out["models"].items():
+                p = res["profiled"]
+                for which in ("moe", "moe_experts"):
+                    total = sum(k["us"] for k in p[which])
+                    print(f"{name} {which} E={p['experts']} T={p['tokens']}: {total:.1f} us")
+            return 0
+        try:
+            measured = json.loads(a.measured.read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{a.measured}: cannot read ({exc})") from None
+        merged = merge(measured, load_profile(a.profile), str(a.measured))
+        write_profile(merged, a.out)
+        for name in measured.get("models", {}):
+            fit = merged.models[name].fit
+            print(f"{name}: moe off-grid {fit['moe'].offgrid_mape:.1%}", end="")
+            if "moe_experts" in fit:
+                print(f", experts alone off-grid {fit['moe_experts'].offgrid_mape:.1%}", end="")
+            print()
+        return 0
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
