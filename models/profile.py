@@ -224,9 +224,9 @@ class HardwareCoefs(FrozenModel):
     moe: MoeCoef
     moe_experts: MoeCoef | None = Field(
         None,
-        description="the experts' own work alone (grouped GEMMs, SwiGLU): a decode rank's "
-        "routed-expert time under expert parallelism, whose low-latency exchange sorts, "
-        "quantizes, gathers and combines (``moe`` times those too). None: not measured",
+        description="the experts' own work alone (grouped GEMMs, SwiGLU): a rank's "
+        "routed-expert time under expert parallelism, whose exchange sorts, quantizes, gathers "
+        "and combines (``moe`` times those too: one rank alone). None: not measured",
     )
     a2a: A2aCoef
     vision_seconds_per_image: float | None = None

@@ -133,11 +133,12 @@ class ProfileStepCost(StepCost):
             self._dec_vkv += n * c.e
             self._dec_ctx += n * c.h
             self._dec_query += n * c.q
-        # decode across ranks: the low-latency exchange sorts, quantizes, gathers and combines
-        # the rows (its measured time is the all-to-all's), so a rank's experts cost only their
-        # own work where the profile timed it alone; prefill's permutes stay with the experts
+        # across ranks, a rank's experts cost their own work where the profile timed it alone:
+        # DeepEP's kernels sort, quantize, gather and combine the rows (their time is the
+        # all-to-all's); in prefill an engine's fused permutes remain, a few % of the GEMMs (not
+        # charged). One rank (the engine core's replays) runs the whole measured call.
         alone = coefs.moe_experts if shape.ep > 1 else None
-        self._moe_fit = {ph: alone if alone and ph == "decode" else coefs.moe for ph in PHASES}
+        self._moe_fit = {ph: alone or coefs.moe for ph in PHASES}
         self._moe_host = {
             ph: host.moe
             if eager
