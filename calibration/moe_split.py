@@ -11,11 +11,14 @@ shapes, needing only the experts' kernels (no FlashMLA), and merges them into a 
     python -m deepinfer_sim.calibration.moe_split measure --out FILE.json [--device cuda]
         [--models deepseek-v4.1-flash,deepseek-v3,...] [--kernels deepseek] [--grid quick]
     python -m deepinfer_sim.calibration.moe_split merge FILE.json PROFILE.yaml OUT.yaml
+        [--keep-whole]
 
 ``measure`` also lists the kernels of one decode-sized call of each (``torch.profiler``, on the
 GPU), so the share the exchange takes over shows by name. ``merge`` re-fits each measured
 model's ``moe`` and fits its ``moe_experts`` (``sweep.fit_routed``), replacing those fits, their
-errors and raw points on the profile's one hardware, and notes the file in the provenance.
+errors and raw points on the profile's one hardware, and notes the file in the provenance;
+``--keep-whole`` keeps the profile's ``moe`` (what its engine-core replays were checked with) and
+adds only ``moe_experts``.
 """
 
 from __future__ import annotations
@@ -96,9 +99,13 @@ def measure_model(
     }
 
 
-def merge(measured: dict[str, Any], profile: Profile, source: str) -> Profile:
+def merge(
+    measured: dict[str, Any], profile: Profile, source: str, keep_whole: bool = False
+) -> Profile:
     """``profile`` with each measured model's ``moe`` re-fitted and ``moe_experts`` fitted from
-    ``measured`` (``measure``'s output); other models and fits are kept."""
+    ``measured`` (``measure``'s output); other models and fits are kept. ``keep_whole``: keep the
+    profile's ``moe`` fits and raw points (those its engine replays were checked against) and
+    add only the experts alone."""
     models = dict(profile.models)
     done = []
     for name, res in measured.get("models", {}).items():
@@ -113,11 +120,14 @@ def merge(measured: dict[str, Any], profile: Profile, source: str) -> Profile:
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"{source}: {name}: not moe_split measurements ({exc})") from None
         errors = dict(fits.fit)
-        moe, errors["moe"] = fit_routed(m, top_k)
-        alone = fit_experts_alone(m, top_k, errors)
         ((hw, coefs),) = fits.hardware.items()
-        raw = {k: v for k, v in fits.raw.items() if k not in RAW_KEYS}
-        raw.update({k: res["raw"][k] for k in RAW_KEYS if res["raw"].get(k)})
+        moe = coefs.moe
+        if not keep_whole:
+            moe, errors["moe"] = fit_routed(m, top_k)
+        alone = fit_experts_alone(m, top_k, errors)
+        taken = RAW_KEYS[2:] if keep_whole else RAW_KEYS
+        raw = {k: v for k, v in fits.raw.items() if k not in taken}
+        raw.update({k: res["raw"][k] for k in taken if res["raw"].get(k)})
         models[name] = fits.model_copy(
             update={
                 "hardware": {hw: coefs.model_copy(update={"moe": moe, "moe_experts": alone})},
@@ -128,7 +138,8 @@ def merge(measured: dict[str, Any], profile: Profile, source: str) -> Profile:
         done.append(name)
     if not done:
         raise UserError(f"{source}: no measured model")
-    note = f"; moe and moe_experts of {', '.join(done)} from {Path(source).name} (moe_split.py)"
+    what = "moe_experts" if keep_whole else "moe and moe_experts"
+    note = f"; {what} of {', '.join(done)} from {Path(source).name} (moe_split.py)"
     prov = profile.provenance
     return profile.model_copy(
         update={"models": models, "provenance": prov.model_copy(update={"note": prov.note + note})}
@@ -149,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     mg.add_argument("measured", type=Path)
     mg.add_argument("profile")
     mg.add_argument("out", type=Path)
+    mg.add_argument(
+        "--keep-whole",
+        action="store_true",
+        help="keep the profile's moe fits (the whole call); add only the experts alone",
+    )
     a = ap.parse_args(argv)
     try:
         if a.cmd == "measure":
@@ -170,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             measured = json.loads(a.measured.read_text())
         except (OSError, ValueError) as exc:
             raise UserError(f"{a.measured}: cannot read ({exc})") from None
-        merged = merge(measured, load_profile(a.profile), str(a.measured))
+        merged = merge(measured, load_profile(a.profile), str(a.measured), a.keep_whole)
         write_profile(merged, a.out)
         for name in measured.get("models", {}):
             fit = merged.models[name].fit

@@ -412,6 +412,12 @@ def test_moe_split_measures_the_experts_alone_and_merges_them(calibrated, tmp_pa
     assert coefs.moe_experts is not None and {"moe", "moe_experts"} <= set(fits.fit)
     assert fits.raw["moe_experts"] == res["raw"]["moe_experts"]
     assert "moe_split.py" in prof.provenance.note
+    before = load_profile(str(calibrated["path"])).models["toy-v4"]
+    kept = moe_split.merge(data, load_profile(str(calibrated["path"])), "m.json", keep_whole=True)
+    kept_fits = kept.models["toy-v4"]
+    assert kept_fits.hardware["h200"].moe == before.hardware["h200"].moe
+    assert kept_fits.raw["moe"] == before.raw["moe"] and kept_fits.fit["moe"] == before.fit["moe"]
+    assert kept_fits.hardware["h200"].moe_experts == coefs.moe_experts
     model, hw = load_model(TOY), load_hardware("h200")
 
     def cost(ep: int, moe: Any, alone: Any) -> ProfileStepCost:
