@@ -33,6 +33,7 @@ moe a             launches (not hardware-bound)                     kept
 moe e             active experts' weight reads                      mem × expert_bytes
 moe f, form/tile  expert GEMM rows                                  expert; form and tile kept
 moe k             how much weight reads and GEMMs overlap           kept
+moe_experts       the experts alone (EP ranks): as moe              as moe
 vision            seconds per image                                 bf16 rate
 a2a               latency, link efficiency                          kept (links: target spec)
 host / engine     launch gaps, engine host time                     kept

@@ -12,7 +12,9 @@ Two kernel modes, as in DeepEP:
 
 Per MoE layer and per exchange (dispatch, then combine) a rank spends a latency plus the larger
 of its scale-out and scale-up transfer times at the mode's achieved bandwidth (a share of the
-datasheet link). Expected node and GPU counts come from drawing a token's experts uniformly
+datasheet link); the normal kernels also hold a share of the SMs while they run, which the
+compute beside them loses (``StepCost.compose``). Expected node and GPU counts come from drawing
+a token's experts uniformly
 without replacement from the groups it may use (an upper bound on spread: real gating is
 correlated). All O(1) per call.
 """

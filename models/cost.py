@@ -13,7 +13,9 @@ those into a step time:
 
 where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (DeepEP's
 two-micro-batch overlap) and lasts as long as its busiest end: the rank that sends the most
-tokens, or the one whose experts receive imbalance × the mean (``experts_and_exchange``).
+tokens, or the one whose experts receive imbalance × the mean (``experts_and_exchange``); while
+a normal-mode exchange (prefill) runs beside compute it holds a share of the SMs, and the compute
+runs that much longer (``AllToAll.sm_share``).
 :class:`RooflineStepCost` derives the parts from ModelSpec × HardwareSpec with efficiency
 factors from YAML; calibrated profiles implement the same interface.
 """

@@ -9,6 +9,7 @@ fitting and composition are tested on synthetic measurements drawn from known co
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import ClassVar
@@ -417,20 +418,21 @@ def test_profile_cost_moe_is_the_fitted_moe_model(form, tile, k):
 
 def test_shipped_profiles_cost_their_moe_fits_form_exactly():
     """Every shipped profile's MoE fits cost exactly their form per MoE layer: the additive
-    a + e·E_act + f·rows (k = 1), or the smooth a + ((e·E_act)^k + (f·rows)^k)^(1/k)."""
+    a + e·E_act + f·rows (k = 1), or the smooth a + ((e·E_act)^k + (f·rows)^k)^(1/k) — the
+    experts alone (``moe_experts``) on EP8, the whole call (``moe``) on one GPU."""
     from deepinfer_sim.models.profile import available_profiles
 
     model = load_model(FLASH)
     hw = load_hardware("h200")
-    E = model.experts_per_gpu(8, 0)
     for name in available_profiles():
         prof = load_profile(name)
         if FLASH not in prof.models:
             continue
-        for hw_name in prof.models[FLASH].hardware:
+        for hw_name, ep in itertools.product(prof.models[FLASH].hardware, (8, 1)):
             coefs = prof.coefs(model, hw_name)
-            m = coefs.moe
-            c = ProfileStepCost(model, hw, PoolShape(8, 0), coefs)
+            m = coefs.moe_experts or coefs.moe if ep > 1 else coefs.moe
+            E = model.experts_per_gpu(ep, 0)
+            c = ProfileStepCost(model, hw, PoolShape(ep, 0), coefs)
             for tokens in (3.0, 100.0, 8192.0):
                 R = tokens * model.moe.top_k
                 active = E * (1.0 - math.exp(-R / E))
