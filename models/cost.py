@@ -193,19 +193,23 @@ class StepCost(ABC):
 
         return self.step_overhead_s + stage(a, e) + stage(a, d) + stage(m, d) + stage(m, e)
 
+    def compose_step(self, dense: float, moe: float, comm: float, phase: Phase) -> float:
+        """The step from its parts — of one micro-batch under two-batch overlap."""
+        if self.shape.two_batch_overlap:
+            return self.compose_tbo(dense, moe, comm, phase)
+        return self.compose(dense, moe, comm, phase)
+
     def breakdown(
         self, dense_max: float, context_free: float, moe: float, comm: float, phase: Phase
     ) -> StepBreakdown:
         """The parts of ``compose(dense_max, moe, comm)`` — with two-batch overlap, arguments of
         one micro-batch and parts of both; ``context_free``: the slowest rank's dense time with
         no context (so dense_max − context_free is attention over context)."""
+        step = self.compose_step(dense_max, moe, comm, phase)
         if self.shape.two_batch_overlap:
-            step = self.compose_tbo(dense_max, moe, comm, phase)
             dense_max, context_free, moe, comm = (
                 2 * x for x in (dense_max, context_free, moe, comm)
             )
-        else:
-            step = self.compose(dense_max, moe, comm, phase)
         exposed = max(0.0, step - self.step_overhead_s - dense_max - moe)
         return StepBreakdown(
             step_s=step,
@@ -294,10 +298,7 @@ class StepCost(ABC):
     ) -> float:
         """Step time of a prefill instance whose DP ranks compute the given chunks through the
         prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
-        parts = self._prefill_parts(ranks, imbalance, replay)
-        if self.shape.two_batch_overlap:
-            return self.compose_tbo(*parts, "prefill")
-        return self.compose(*parts, "prefill")
+        return self.compose_step(*self._prefill_parts(ranks, imbalance, replay), "prefill")
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
         """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step
@@ -331,9 +332,7 @@ class StepCost(ABC):
         moe, comm = self.experts_and_exchange(
             float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
         )
-        if self.shape.two_batch_overlap:
-            return self.compose_tbo(dense_max, moe, comm, "decode")
-        return self.compose(dense_max, moe, comm, "decode")
+        return self.compose_step(dense_max, moe, comm, "decode")
 
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         """The decode step from per-rank rows ``load = [batch; kv_tokens; tokens; kv-weighted
@@ -347,9 +346,7 @@ class StepCost(ABC):
         moe, comm = self.experts_and_exchange(
             float(tokens.max()), float(tokens.sum()), imbalance, "decode"
         )
-        if self.shape.two_batch_overlap:
-            return self.compose_tbo(dense_max, moe, comm, "decode")
-        return self.compose(dense_max, moe, comm, "decode")
+        return self.compose_step(dense_max, moe, comm, "decode")
 
 
 class RooflineStepCost(StepCost):
@@ -468,14 +465,11 @@ class RooflineStepCost(StepCost):
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         # Hot path (once per decode step): one matrix product gives every rank's compute and
         # memory time and its token count; one max per row picks the slowest and the busiest.
-        tbo = self.shape.two_batch_overlap
-        if tbo:
+        if self.shape.two_batch_overlap:
             load = load * 0.5
         compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
         dense_max = max(compute, memory) + self._overhead["decode"]
         moe, comm = self.experts_and_exchange(
             float(tokens_max), float(load[2].sum()), imbalance, "decode"
         )
-        if tbo:
-            return self.compose_tbo(dense_max, moe, comm, "decode")
-        return self.compose(dense_max, moe, comm, "decode")
+        return self.compose_step(dense_max, moe, comm, "decode")
