@@ -186,12 +186,14 @@ class StepCost(ABC):
         a, m = dense_half, moe_half
         d = self.dispatch_share * comm_half
         e = comm_half - d
-        s = self._a2a.sm_share(phase)
-
-        def stage(compute: float, comm: float) -> float:
-            return max(comm, compute + s * comm)
-
-        return self.step_overhead_s + stage(a, e) + stage(a, d) + stage(m, d) + stage(m, e)
+        s = self._a2a.sm_share(phase)  # each stage: max(exchange x, compute c + s·x)
+        return (
+            self.step_overhead_s
+            + max(e, a + s * e)
+            + max(d, a + s * d)
+            + max(d, m + s * d)
+            + max(e, m + s * e)
+        )
 
     def compose_step(self, dense: float, moe: float, comm: float, phase: Phase) -> float:
         """The step from its parts — of one micro-batch under two-batch overlap."""

@@ -138,7 +138,11 @@ class ProfileStepCost(StepCost):
         # all-to-all's); in prefill an engine's fused permutes remain, a few % of the GEMMs (not
         # charged). One rank (the engine core's replays) runs the whole measured call.
         alone = coefs.moe_experts if shape.ep > 1 else None
-        self._moe_fit = {ph: alone or coefs.moe for ph in PHASES}
+        # per phase, as plain floats for the hot path: (a, e, f, rows per tile, k)
+        fits = {ph: alone or coefs.moe for ph in PHASES}
+        self._moe_fit = {
+            ph: (m.a, m.e, m.f, m.tile if m.form == "tile" else 1, m.k) for ph, m in fits.items()
+        }
         self._moe_host = {
             ph: host.moe
             if eager
@@ -228,18 +232,16 @@ class ProfileStepCost(StepCost):
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
             return 0.0
-        fit = self._moe_fit[phase]
+        a, e, f, tile, k = self._moe_fit[phase]
         pairs = tokens_per_rank * self._top_k
         E = self._moe_experts
         active = E * (1.0 - math.exp(-pairs / E))
-        tile = fit.tile if fit.form == "tile" else 1
         rows = pairs if tile == 1 else tile * active * math.ceil(pairs / (active * tile))
-        k = fit.k
         if k == 1.0:  # the additive form, exactly as before k existed
-            per_layer = fit.a + self._moe_host[phase] + fit.e * active + fit.f * rows
+            per_layer = a + self._moe_host[phase] + e * active + f * rows
             return per_layer * self._moe_layers[phase]
         # (w^k + g^k)^(1/k) as m·((w/m)^k + (g/m)^k)^(1/k), like calibration.fit.smooth_sum
-        w, g = fit.e * active, fit.f * rows
+        w, g = e * active, f * rows
         m = w if w > g else g
         both = m * ((w / m) ** k + (g / m) ** k) ** (1.0 / k) if m > 0 else 0.0
-        return (fit.a + self._moe_host[phase] + both) * self._moe_layers[phase]
+        return (a + self._moe_host[phase] + both) * self._moe_layers[phase]
