@@ -135,7 +135,7 @@ class ProfileStepCost(StepCost):
             self._dec_query += n * c.q
         # across ranks, a rank's experts cost their own work where the profile timed it alone:
         # DeepEP's kernels sort, quantize, gather and combine the rows (their time is the
-        # all-to-all's); in prefill an engine's fused permutes remain, a few % of the GEMMs (not
+        # all-to-all's); in prefill an engine's fused permutes remain (each moves a row once; not
         # charged). One rank (the engine core's replays) runs the whole measured call.
         alone = coefs.moe_experts if shape.ep > 1 else None
         # per phase, as plain floats for the hot path: (a, e, f, rows per tile, k)
