@@ -232,18 +232,20 @@ def _cost_case(
 ) -> None:
     """``--case``: one case of a published case file, costed at its point and compared."""
     from .planner.analysis import published
-    from .scenario import load_scenario, scenario_path
+    from .scenario import is_case_file, load_scenario, scenario_path
+    from .validation import read_yaml
 
     for name, value in given.items():
         if value is not None:
             raise UserError(f"{_flag(name)}: --case sets the point; give one or the other")
     path = scenario_path(config)
-    cf = published.load_case_file(path) if _is_case_file(path) else None
-    if cf is None:
+    data = read_yaml(path)
+    if not is_case_file(data):
         raise UserError(
             f"--case: {path} is a scenario, not a published case file (configs/published/: "
             "`deepinfer-sim validate` lists them)"
         )
+    cf = published.case_file_of(data, path)
     case = _pick_case(cf, case_ref, path)
     case_pool = "decode" if case.quantity.startswith("decode") else "prefill"
     if pool is not None and pool != case_pool:
@@ -256,13 +258,6 @@ def _cost_case(
     if json_file:
         out = {**point.as_dict(), "case": res.as_dict()}
         write_text(json_file, json.dumps(out, indent=1) + "\n", "--json")
-
-
-def _is_case_file(path: Any) -> bool:
-    from .validation import read_yaml
-
-    data = read_yaml(path)
-    return isinstance(data, dict) and "cases" in data and "scenario" in data
 
 
 def _pick_case(cf: Any, ref: str, path: Any) -> Any:

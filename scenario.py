@@ -941,6 +941,12 @@ def check_profile(ref: str, model: ModelSpec, hardware: str, base_dir: Path | No
         )
 
 
+def is_case_file(data: Any) -> bool:
+    """A published case file's parsed YAML (``planner/analysis/published.py``): its deployment
+    under ``scenario:``, beside its ``cases``."""
+    return isinstance(data, dict) and "cases" in data and "scenario" in data
+
+
 def load_scenario(ref: str | Path = "default", overrides: list[str] | None = None) -> Scenario:
     """Read, override and validate a scenario. Raises ConfigError naming the key path."""
     path = scenario_path(ref)
@@ -955,7 +961,7 @@ def load_scenario(ref: str | Path = "default", overrides: list[str] | None = Non
     if not isinstance(data, dict):
         raise ConfigError("", "expected a mapping at the top level", source=str(path))
     prefix = ""
-    if "cases" in data and "scenario" in data:  # a published case file: its deployment
+    if is_case_file(data):  # a published case file: its deployment
         data, prefix = data["scenario"], "scenario"
         if not isinstance(data, dict):
             raise ConfigError("scenario", "expected a mapping", source=str(path))

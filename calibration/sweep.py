@@ -516,11 +516,7 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
         # one GPU: model the link like the roofline does, at the efficiency HBM copies reach
         eff = min(1.0, m.copy_bandwidth / hw.hbm_bytes_per_s)
         a2a = A2aCoef(latency_s=hw.scaleup.latency_s, link_efficiency=eff, measured=False)
-    over = {
-        k: float(np.median(v))
-        for k, v in bench.host_overhead.items()
-        if v and k in HostOverhead.model_fields
-    }
+    over = {k: float(np.median(v)) for k, v in bench.host_overhead.items() if v}
     coefs = HardwareCoefs(
         prefill=prefill,
         decode=decode,

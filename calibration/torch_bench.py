@@ -173,12 +173,7 @@ class TorchBench:
         self._gen = torch.Generator(device=self.device).manual_seed(0)
         self.use_graphs = True
         self.graph_failures = 0
-        self.host_overhead: dict[str, list[float]] = {
-            "prefill": [],
-            "decode": [],
-            "moe": [],
-            "moe_experts": [],
-        }
+        self.host_overhead: dict[str, list[float]] = {"prefill": [], "decode": [], "moe": []}
 
     @property
     def engine_graphs(self) -> bool:
@@ -300,17 +295,21 @@ class TorchBench:
         )
 
     def _measure(
-        self, component: str, fn: Callable[[], object], reset: Callable[[], None] | None = None
+        self,
+        component: str | None,
+        fn: Callable[[], object],
+        reset: Callable[[], None] | None = None,
     ) -> float:
         """The graphed GPU time of ``fn`` where it can be captured (else eager), recording what
-        eager launching adds for this component."""
+        eager launching adds for this component (None: a component no profile keeps it for)."""
         eager = self._time(fn, reset)
         if eager > GRAPH_WORTH_S:  # launch gaps are noise at this size: spare the capture
             return eager
         graphed = self._time_graph(fn, reset or (lambda: None))
         if graphed is None:
             return eager
-        self.host_overhead[component].append(max(0.0, eager - graphed))
+        if component is not None:
+            self.host_overhead[component].append(max(0.0, eager - graphed))
         return graphed
 
     def warmup(self) -> None:
@@ -374,7 +373,7 @@ class TorchBench:
         x = self._x(tokens, self.shape.hidden)
         ids, _ = moe.uniform_routing(tokens, seed=tokens)
         rows, offs = moe.prepare_experts(x, ids)
-        return self._measure("moe_experts", lambda: moe.forward_experts(rows, offs))
+        return self._measure(None, lambda: moe.forward_experts(rows, offs))
 
     def release_kernels(self) -> None:
         """Drop the single-layer blocks, their pools (sized for the grid's longest prefixes and

@@ -93,7 +93,12 @@ def published_dir() -> Path:
 
 
 def load_case_file(path: Path) -> CaseFile:
-    data = read_yaml(path)
+    return case_file_of(read_yaml(path), path)
+
+
+def case_file_of(data: Any, path: Path) -> CaseFile:
+    """``data`` (a case file's parsed YAML, read from ``path``) validated, each case's point
+    checked against its quantity."""
     cf = validate(CaseFile, data, source=str(path))
     for i, case in enumerate(cf.cases):
         need = POINT_KEYS[case.quantity]
