@@ -49,12 +49,18 @@ class _Command(click.Command):
 
 _POSITIVE = click.FloatRange(min=0, min_open=True)
 
-_DECODE_ONLY = ("batch", "context", "verify", "accept", "user_speed")
+_DECODE_ONLY = ("batch", "context", "verify", "accept", "user_speed", "max_batch")
 _PREFILL_ONLY = ("tokens", "prompt", "prefix")
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _given_on_command_line(param: str) -> bool:
+    """Whether the user passed ``param`` (rather than it taking its default)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source is click.core.ParameterSource.COMMANDLINE
 
 
 @click.command("cost", cls=_Command)
@@ -159,6 +165,7 @@ def cost(
         "tokens": tokens,
         "prompt": prompt,
         "prefix": prefix,
+        "max_batch": max_batch if _given_on_command_line("max_batch") else None,
     }
     if case_ref is not None:
         _cost_case(config, case_ref, pool, given, cost_model, overrides, json_file)
@@ -176,6 +183,8 @@ def cost(
             raise UserError("--batch (or --user-speed) is required with --pool decode")
         if batch is not None and user_speed is not None:
             raise UserError("give --batch or --user-speed, not both")
+        if user_speed is None and given["max_batch"] is not None:
+            raise UserError("--max-batch applies only with --user-speed")
     elif prompt is None:
         raise UserError("--prompt is required with --pool prefill")
 

@@ -229,6 +229,8 @@ def test_cost_user_speed(cli, tmp_path):
         (["--pool", "prefill", "--prompt", "4096", "--batch", "8"], "--batch"),
         (["--batch", "4", "--context", "8", "--verify", "2", "--accept", "3"], "--accept"),
         (["--batch", "4", "--context", "8", "--user-speed", "50"], "--user-speed"),
+        (["--batch", "4", "--context", "8", "--max-batch", "64"], "only with --user-speed"),
+        (["--pool", "prefill", "--prompt", "4096", "--max-batch", "64"], "--max-batch does"),
         (["--batch", "4", "--context", "8", "--cost-model", "no-such"], "cost_model.decode"),
         (["--batch", "4", "--context", "8", "--set", "pools.decode.epp=3"], "pools.decode.epp"),
     ],
@@ -313,6 +315,7 @@ def test_a_published_case_file_is_a_scenario_everywhere(cli):
         ("default", ["--case", "1"], "not a published case file"),
         ("sglang-v3-h100-96gpu", ["--case", "1", "--prompt", "8"], "--prompt: --case sets"),
         ("sglang-v3-h100-96gpu", ["--case", "5", "--pool", "prefill"], "is a decode case"),
+        ("sglang-v3-h100-96gpu", ["--case", "5", "--max-batch", "64"], "--max-batch: --case"),
         ("default", ["--prefix", "8", "--batch", "4", "--context", "8"], "--prefix does not"),
     ],
 )
