@@ -331,6 +331,7 @@ _LABELS = {
     "dense": "dense, context-free",
     "attention": "attention over context",
     "experts": "routed experts",
+    "permutes": "engine permutes around the exchange",
     "a2a_exposed": "all-to-all, exposed",
     "overhead": "step overhead",
     "speculative": "speculative overhead",

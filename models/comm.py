@@ -75,6 +75,14 @@ class AllToAllParams(FrozenModel):
         description="the same for the low-latency kernels: 0, their hook-based receive holds no "
         "SM (DeepEP README)",
     )
+    normal_permute_memory_efficiency: float = Field(
+        0.88,
+        gt=0,
+        le=1,
+        description="share of HBM bandwidth at which the engine permutes the rows the normal "
+        "kernels deliver (into expert order before the experts, weighted back per token after): "
+        "the copy bandwidth measured on the H200, 4.22 of 4.8 TB/s",
+    )
 
 
 def _comb_ratio(n: float, m: float, k: int) -> float:
@@ -118,7 +126,16 @@ def routing_spread(model: ModelSpec, ep: int, domain_gpus: int) -> tuple[float, 
 class AllToAll:
     """EP dispatch + combine time per step over all MoE layers of a phase."""
 
-    __slots__ = ("_bw", "_bytes", "_latency", "_layers", "_sm_share", "dispatch_share", "ep")
+    __slots__ = (
+        "_bw",
+        "_bytes",
+        "_latency",
+        "_layers",
+        "_permute_s",
+        "_sm_share",
+        "dispatch_share",
+        "ep",
+    )
 
     def __init__(
         self,
@@ -170,6 +187,16 @@ class AllToAll:
         self._latency = 2 * (link_latency if lat is None else lat)  # dispatch and combine
         self._layers = {ph: model.moe_layer_count(ph) for ph in PHASE_MODE}
         self._sm_share = {"normal": p.normal_sm_share, "low_latency": p.low_latency_sm_share}
+        # The normal kernels deliver each token once per GPU it reaches, in arrival order; the
+        # engine writes its k·(local share) expert rows in expert order (read the token, write
+        # the row) and, after the experts, reads the rows back and writes their weighted sum per
+        # token: (rows + tokens received) × payload through HBM. The low-latency kernels write
+        # the expert layout and sum the weighted rows themselves.
+        permute_bw = hw.hbm_bytes_per_s * p.normal_permute_memory_efficiency
+        self._permute_s = {
+            "normal": (k + local_gpus + remote_gpus) * payload / permute_bw if ep > 1 else 0.0,
+            "low_latency": 0.0,
+        }
 
     def time(self, tokens_per_rank: float, phase: Phase) -> float:
         if self.ep <= 1 or tokens_per_rank <= 0:
@@ -179,6 +206,13 @@ class AllToAll:
         bw_out, bw_up = self._bw[mode]
         transfer = tokens_per_rank * max(out_b / bw_out, up_b / bw_up)
         return (self._latency + transfer) * self._layers[phase]
+
+    def permute_s(self, tokens_per_rank: float, phase: Phase) -> float:
+        """The engine's permutes around the phase's exchanges over all MoE layers, for a rank
+        receiving ``tokens_per_rank`` tokens' worth of expert rows (``k`` rows per token)."""
+        if tokens_per_rank <= 0:
+            return 0.0
+        return tokens_per_rank * self._permute_s[PHASE_MODE[phase]] * self._layers[phase]
 
     def sm_share(self, phase: Phase) -> float:
         """Share of the SMs the phase's exchange takes from compute running beside it."""

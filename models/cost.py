@@ -85,8 +85,9 @@ def micro_batches(chunks: Sequence[Chunk]) -> tuple[list[Chunk], list[Chunk]]:
 class StepBreakdown:
     """Where one step's time goes (seconds). ``step_s`` = ``overhead_s`` + ``dense_s`` +
     ``experts_s`` + ``a2a_exposed_s``; ``attention_s`` is the context-dependent part of
-    ``dense_s`` (the slowest rank's dense time minus the same work with no context), and
-    ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
+    ``dense_s`` (the slowest rank's dense time minus the same work with no context),
+    ``permute_s`` the part of ``experts_s`` that is the engine's permutes around a normal-mode
+    exchange, and ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
 
     step_s: float
     dense_s: float
@@ -95,12 +96,14 @@ class StepBreakdown:
     a2a_s: float
     a2a_exposed_s: float
     overhead_s: float
+    permute_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {
             "dense": self.dense_s - self.attention_s,
             "attention": self.attention_s,
-            "experts": self.experts_s,
+            "experts": self.experts_s - self.permute_s,
+            "permutes": self.permute_s,
             "a2a_exposed": self.a2a_exposed_s,
             "a2a_hidden": self.a2a_s - self.a2a_exposed_s,
             "overhead": self.overhead_s,
@@ -127,6 +130,11 @@ class StepCost(ABC):
     @abstractmethod
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
         """Non-expert time of one DP rank computing these (new tokens, computed prefix) chunks."""
+
+    @abstractmethod
+    def prefill_dense_without_attention(self, chunks: Sequence[Chunk]) -> float:
+        """:meth:`prefill_dense` less attention: the chunks' tokens with no attention among
+        themselves or over their prefixes (the breakdown's attention is the difference)."""
 
     @abstractmethod
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
@@ -156,10 +164,12 @@ class StepCost(ABC):
     ) -> tuple[float, float]:
         """(routed-expert time, all-to-all time) of a step whose ranks send ``sent_sum`` tokens,
         the busiest ``sent_max``: the experts run at the hottest rank's load, ``imbalance`` × the
-        mean, and the exchange lasts as long as its busiest end — that rank receiving, or the
-        busiest sender sending."""
+        mean, with the engine's permutes around a normal-mode exchange (:meth:`AllToAll.permute_s`),
+        and the exchange lasts as long as its busiest end — that rank receiving, or the busiest
+        sender sending."""
         received = imbalance * sent_sum / self.shape.ep
-        return self.moe_s(received, phase), self.a2a_s(max(sent_max, received), phase)
+        experts = self.moe_s(received, phase) + self._a2a.permute_s(received, phase)
+        return experts, self.a2a_s(max(sent_max, received), phase)
 
     def compose(self, dense_max: float, moe: float, comm: float, phase: Phase) -> float:
         """Compute, then the all-to-all beyond what ``comm_overlap`` of the compute hides; the
@@ -202,15 +212,22 @@ class StepCost(ABC):
         return self.compose(dense, moe, comm, phase)
 
     def breakdown(
-        self, dense_max: float, context_free: float, moe: float, comm: float, phase: Phase
+        self,
+        dense_max: float,
+        context_free: float,
+        moe: float,
+        comm: float,
+        phase: Phase,
+        permute: float = 0.0,
     ) -> StepBreakdown:
         """The parts of ``compose(dense_max, moe, comm)`` — with two-batch overlap, arguments of
         one micro-batch and parts of both; ``context_free``: the slowest rank's dense time with
-        no context (so dense_max − context_free is attention over context)."""
+        no attention (so dense_max − context_free is attention); ``permute``: the engine's
+        permutes, part of ``moe``."""
         step = self.compose_step(dense_max, moe, comm, phase)
         if self.shape.two_batch_overlap:
-            dense_max, context_free, moe, comm = (
-                2 * x for x in (dense_max, context_free, moe, comm)
+            dense_max, context_free, moe, comm, permute = (
+                2 * x for x in (dense_max, context_free, moe, comm, permute)
             )
         exposed = max(0.0, step - self.step_overhead_s - dense_max - moe)
         return StepBreakdown(
@@ -221,6 +238,7 @@ class StepCost(ABC):
             a2a_s=comm,
             a2a_exposed_s=exposed,
             overhead_s=self.step_overhead_s,
+            permute_s=permute,
         )
 
     def decode_breakdown(
@@ -241,19 +259,22 @@ class StepCost(ABC):
         self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
     ) -> StepBreakdown:
         """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
-        dense, moe, comm = self._prefill_parts(ranks, imbalance)
-        bare, _, _ = self._prefill_parts([[(n, 0) for n, _ in c] for c in ranks], imbalance)
-        return self.breakdown(dense, bare, moe, comm, "prefill")
+        dense, moe, comm, permute = self._prefill_parts(ranks, imbalance)
+        bare = self._prefill_parts(ranks, imbalance, attention=False)[0]
+        return self.breakdown(dense, bare, moe, comm, "prefill", permute)
 
     def _prefill_parts(
         self,
         ranks: Sequence[Sequence[Chunk]],
         imbalance: float,
         replay: Sequence[Sequence[Chunk]] = (),
-    ) -> tuple[float, float, float]:
-        """(slowest rank's dense time, routed experts, all-to-all) of a prefill step — of one
-        of its two micro-batches (their mean) under two-batch overlap."""
+        attention: bool = True,
+    ) -> tuple[float, float, float, float]:
+        """(slowest rank's dense time, routed experts, all-to-all, the engine's permutes — part
+        of the routed experts) of a prefill step — of one of its two micro-batches (their mean)
+        under two-batch overlap; ``attention=False``: the dense time without attention."""
         tbo = self.shape.two_batch_overlap
+        prefill_dense = self.prefill_dense if attention else self.prefill_dense_without_attention
         dense_max = 0.0
         tokens_max = 0.0
         tokens_sum = 0.0
@@ -265,9 +286,9 @@ class StepCost(ABC):
                 continue
             if tbo:
                 a, b = micro_batches(chunks)
-                dense = 0.5 * (self.prefill_dense(a) + self.prefill_dense(b)) if chunks else 0.0
+                dense = 0.5 * (prefill_dense(a) + prefill_dense(b)) if chunks else 0.0
             else:
-                dense = self.prefill_dense(chunks) if chunks else 0.0
+                dense = prefill_dense(chunks) if chunks else 0.0
             tokens = float(sum(n for n, _ in chunks))
             if rep:
                 if tbo:
@@ -285,12 +306,14 @@ class StepCost(ABC):
         moe, comm = self.experts_and_exchange(
             share * tokens_max, share * tokens_sum, imbalance, "prefill"
         )
+        permute = self._a2a.permute_s(imbalance * share * tokens_sum / self.shape.ep, "prefill")
         if replay_sum:
             r_moe, r_comm = self.experts_and_exchange(
                 share * replay_max, share * replay_sum, imbalance, "replay"
             )
             moe, comm = moe + r_moe, comm + r_comm
-        return dense_max, moe, comm
+            permute += self._a2a.permute_s(imbalance * share * replay_sum / self.shape.ep, "replay")
+        return dense_max, moe, comm, permute
 
     def prefill_step(
         self,
@@ -300,7 +323,8 @@ class StepCost(ABC):
     ) -> float:
         """Step time of a prefill instance whose DP ranks compute the given chunks through the
         prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
-        return self.compose_step(*self._prefill_parts(ranks, imbalance, replay), "prefill")
+        dense, moe, comm, _ = self._prefill_parts(ranks, imbalance, replay)
+        return self.compose_step(dense, moe, comm, "prefill")
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
         """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step
@@ -448,6 +472,13 @@ class RooflineStepCost(StepCost):
             return 0.0
         memory = self._p_mem0 + tokens * self._p_mem_tok
         return max(compute, memory) + self._overhead["prefill"]
+
+    def prefill_dense_without_attention(self, chunks: Sequence[Chunk]) -> float:
+        tokens = float(sum(n for n, _ in chunks))
+        if tokens <= 0:
+            return 0.0
+        memory = self._p_mem0 + tokens * self._p_mem_tok
+        return max(tokens * self._p_tok, memory) + self._overhead["prefill"]
 
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
         if not self.model.replay_only_layers:

@@ -204,6 +204,10 @@ class ProfileStepCost(StepCost):
                 t += F
         return t
 
+    def prefill_dense_without_attention(self, chunks: Sequence[Chunk]) -> float:
+        A, B = self._pre[0], self._pre[1]
+        return A + sum(n * B + self._pre_seq for n, _ in chunks)
+
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
         if self._rep is None:
             return 0.0

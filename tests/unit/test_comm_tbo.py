@@ -84,6 +84,31 @@ def test_low_latency_decode_matches_deepeps_published_ep128_exchange() -> None:
     assert per_layer == pytest.approx(192e-6 + 369e-6, rel=0.05)
 
 
+def test_the_engine_permutes_around_the_normal_kernels_only() -> None:
+    """Prefill (normal kernels) at V3 EP32 on H800: a rank receiving t tokens' worth of rows
+    holds 8·t expert rows and t·(GPUs a token reaches) arrived tokens; the engine moves each
+    through HBM once (dispatch payload into expert order, expert output back per token) at
+    the copy bandwidth. Decode's low-latency kernels write the expert layout themselves, and
+    one GPU alone has no exchange to permute around."""
+    model, hw = load_model(V3), load_hardware("h800")
+    a2a = AllToAll(model, hw, 32)
+    _, local_gpus, remote_gpus = routing_spread(model, 32, 8)
+    rows, arrived = 8 * 1000, (local_gpus + remote_gpus) * 1000
+    per_layer = a2a.permute_s(1000, "prefill") / model.moe_layer_count("prefill")
+    assert per_layer == pytest.approx((rows + arrived) * 7168 * 3 / (3.35e12 * 0.88), rel=1e-9)
+    assert a2a.permute_s(1000, "decode") == 0.0
+    assert AllToAll(model, hw, 1).permute_s(1000, "prefill") == 0.0
+    # a step's experts carry it: the same load with the permutes at twice the bandwidth
+    slow = roofline(V3, "h800", 32)
+    fast_a2a = AllToAllParams(normal_permute_memory_efficiency=1.0)
+    fast = RooflineStepCost(
+        model, hw, PoolShape(32, 0), RooflineParams(), StepParams(all_to_all=fast_a2a)
+    )
+    slow_m, _ = slow.experts_and_exchange(1000, 32_000, 1.0, "prefill")
+    fast_m, _ = fast.experts_and_exchange(1000, 32_000, 1.0, "prefill")
+    assert slow_m - fast_m == pytest.approx(a2a.permute_s(1000, "prefill") * (1 - 0.88))
+
+
 def test_a_measured_scale_up_exchange_replaces_the_defaults_inside_a_node() -> None:
     model, hw = load_model(V3), load_hardware("h800")
     slow = AllToAll(model, hw, 8, AllToAllParams(), scaleup_efficiency=0.25, latency_s=0.0)

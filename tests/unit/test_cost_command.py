@@ -43,8 +43,9 @@ def step_parts(p: SteadyPoint) -> float:
 
 
 def test_the_breakdown_adds_up_to_the_step(sc):
-    """Dense, attention, experts, exposed all-to-all, overhead (and dspark's own overhead) are
-    the whole step; the hidden all-to-all is reported beside them, not inside."""
+    """Dense, attention, experts, the engine's permutes, exposed all-to-all, overhead (and
+    dspark's own overhead) are the whole step; the hidden all-to-all is reported beside them,
+    not inside."""
     points = [
         decode_point(sc, 60, 8192),
         decode_point(sc, 4, 131072, verify=2, accept=1.5),
@@ -57,6 +58,8 @@ def test_the_breakdown_adds_up_to_the_step(sc):
     for p in points:
         assert step_parts(p) == pytest.approx(p.step_s, rel=1e-12)
         assert all(v >= 0 for v in p.breakdown.values())
+        # the engine permutes around the normal kernels (prefill), not the low-latency ones
+        assert (p.breakdown["permutes"] > 0) == (p.pool == "prefill")
 
 
 def test_decode_throughput_is_tokens_emitted_over_step_time(sc):
@@ -100,9 +103,9 @@ def test_user_speed_search_edges(sc):
 
 
 def test_prefill_point_on_the_default_scenario(sc):
-    """Four 4K prompts per rank, no prefix: the context part of attention is zero (attention
-    within a prompt is part of the context-free dense time) and a prompt's rate is its length
-    over the step."""
+    """Four 4K prompts per rank, no prefix: attention is a prompt's tokens over its own earlier
+    tokens, more of the step in longer prompts, and a prompt's rate is its length over the
+    step."""
     p = prefill_point(sc, 16384, 4096)
     assert (p.pool, p.ep, p.tokens_per_gpu, p.prompt) == (
         "prefill",
@@ -110,12 +113,15 @@ def test_prefill_point_on_the_default_scenario(sc):
         16384,
         4096,
     )
-    assert p.breakdown["attention"] == 0.0
+    assert 0.0 < p.breakdown["attention"] < p.breakdown["dense"]
+    longer = prefill_point(sc, 16384, 16384)
+    assert longer.breakdown["attention"] > 2 * p.breakdown["attention"]
+    assert longer.breakdown["dense"] == pytest.approx(p.breakdown["dense"])
     assert p.tokens_per_s_per_gpu == pytest.approx(16384 / p.step_s)
     assert p.tokens_per_s_per_user == pytest.approx(4096 / p.step_s)
     assert p.tokens_per_s_per_node == pytest.approx(p.tokens_per_s_per_gpu * p.gpus_per_node)
     # the same tokens in longer prompts cost more (attention is quadratic within a prompt)
-    assert prefill_point(sc, 16384, 16384).step_s > p.step_s
+    assert longer.step_s > p.step_s
     assert "batch_per_gpu" not in p.as_dict() and "tokens_per_gpu" in p.as_dict()
 
 
