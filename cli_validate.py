@@ -62,7 +62,11 @@ def validate(
     con = console()
     con.print(t)
     n_ok = sum(r.within for r in results)
-    con.print(f"{n_ok} of {len(results)} within tolerance")
+    per_model = []
+    for model in dict.fromkeys(r.cost_model for r in results):
+        mine = [r.within for r in results if r.cost_model == model]
+        per_model.append(f"{model} {sum(mine)} of {len(mine)}")
+    con.print(f"{n_ok} of {len(results)} within tolerance ({', '.join(per_model)})")
     if json_path:
         write_text(json_path, json.dumps([r.as_dict() for r in results], indent=2) + "\n", "--json")
     if strict and n_ok < len(results):
