@@ -188,10 +188,11 @@ class AllToAll:
         self._layers = {ph: model.moe_layer_count(ph) for ph in PHASE_MODE}
         self._sm_share = {"normal": p.normal_sm_share, "low_latency": p.low_latency_sm_share}
         # The normal kernels deliver each token once per GPU it reaches, in arrival order; the
-        # engine writes its k·(local share) expert rows in expert order (read the token, write
+        # engine writes one row per (token, local expert) in expert order (read the token, write
         # the row) and, after the experts, reads the rows back and writes their weighted sum per
-        # token: (rows + tokens received) × payload through HBM. The low-latency kernels write
-        # the expert layout and sum the weighted rows themselves.
+        # token: (rows + tokens received) × payload through HBM — per token sent, k rows and one
+        # arrival per GPU it reaches. The low-latency kernels write the expert layout and sum the
+        # rows themselves.
         permute_bw = hw.hbm_bytes_per_s * p.normal_permute_memory_efficiency
         self._permute_s = {
             "normal": (k + local_gpus + remote_gpus) * payload / permute_bw if ep > 1 else 0.0,

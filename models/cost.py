@@ -84,8 +84,9 @@ def micro_batches(chunks: Sequence[Chunk]) -> tuple[list[Chunk], list[Chunk]]:
 @dataclass(frozen=True, slots=True)
 class StepBreakdown:
     """Where one step's time goes (seconds). ``step_s`` = ``overhead_s`` + ``dense_s`` +
-    ``experts_s`` + ``a2a_exposed_s``; ``attention_s`` is the context-dependent part of
-    ``dense_s`` (the slowest rank's dense time minus the same work with no context),
+    ``experts_s`` + ``a2a_exposed_s``; ``attention_s`` is the part of ``dense_s`` that
+    attends to context — a prompt's own earlier tokens and its prefix in prefill, the cached
+    context in decode (the slowest rank's dense time minus the same tokens without it) —,
     ``permute_s`` the part of ``experts_s`` that is the engine's permutes around a normal-mode
     exchange, and ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
 
@@ -167,9 +168,13 @@ class StepCost(ABC):
         mean, with the engine's permutes around a normal-mode exchange (:meth:`AllToAll.permute_s`),
         and the exchange lasts as long as its busiest end — that rank receiving, or the busiest
         sender sending."""
-        received = imbalance * sent_sum / self.shape.ep
+        received = self._received(sent_sum, imbalance)
         experts = self.moe_s(received, phase) + self._a2a.permute_s(received, phase)
         return experts, self.a2a_s(max(sent_max, received), phase)
+
+    def _received(self, sent_sum: float, imbalance: float) -> float:
+        """Tokens the hottest rank receives when the ranks send ``sent_sum`` in all."""
+        return imbalance * sent_sum / self.shape.ep
 
     def compose(self, dense_max: float, moe: float, comm: float, phase: Phase) -> float:
         """Compute, then the all-to-all beyond what ``comm_overlap`` of the compute hides; the
@@ -306,13 +311,13 @@ class StepCost(ABC):
         moe, comm = self.experts_and_exchange(
             share * tokens_max, share * tokens_sum, imbalance, "prefill"
         )
-        permute = self._a2a.permute_s(imbalance * share * tokens_sum / self.shape.ep, "prefill")
+        permute = self._a2a.permute_s(self._received(share * tokens_sum, imbalance), "prefill")
         if replay_sum:
             r_moe, r_comm = self.experts_and_exchange(
                 share * replay_max, share * replay_sum, imbalance, "replay"
             )
             moe, comm = moe + r_moe, comm + r_comm
-            permute += self._a2a.permute_s(imbalance * share * replay_sum / self.shape.ep, "replay")
+            permute += self._a2a.permute_s(self._received(share * replay_sum, imbalance), "replay")
         return dense_max, moe, comm, permute
 
     def prefill_step(

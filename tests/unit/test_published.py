@@ -74,7 +74,9 @@ def test_validate_command_prints_and_writes_json(tmp_path: Path) -> None:
     cases = json.loads(out.read_text())
     assert len(cases) == sum(CASES.values())
     n_ok = sum(c["within"] for c in cases)
-    assert f"{n_ok} of {len(cases)} within tolerance (roofline {n_ok} of {len(cases)})" in res.output
+    assert (
+        f"{n_ok} of {len(cases)} within tolerance (roofline {n_ok} of {len(cases)})" in res.output
+    )
     assert set(cases[0]) >= {
         "name",
         "quantity",
