@@ -335,7 +335,11 @@ _LABELS = {
     "a2a_exposed": "all-to-all, exposed",
     "overhead": "step overhead",
     "speculative": "speculative overhead",
+    "draft": "draft model",
 }
+
+
+_SHOWN_IF_CHARGED = ("permutes", "speculative", "draft")  # parts most pools do not have
 
 
 def _print_point(p: SteadyPoint, notes: list[str]) -> None:
@@ -368,7 +372,7 @@ def _print_point(p: SteadyPoint, notes: list[str]) -> None:
     t.add_column("ms", justify="right")
     t.add_column("% of step", justify="right")
     for key, seconds in p.breakdown.items():
-        if key == "a2a_hidden" or (key == "speculative" and not seconds):
+        if key == "a2a_hidden" or (key in _SHOWN_IF_CHARGED and not seconds):
             continue
         t.add_row(_LABELS.get(key, key), f"{seconds * 1e3:,.3f}", f"{seconds / p.step_s:.1%}")
     t.add_section()

@@ -129,6 +129,17 @@ class SwaSlot(FrozenModel):
 class Draft(FrozenModel):
     kind: Literal["dspark", "mtp", "none"]
     max_draft_tokens: int = Field(ge=0)
+    layers: float = Field(
+        0,
+        ge=0,
+        description="decoder layers of the draft model, each costed as one of the target's decode "
+        "layers at the draft's rows (models/draft.py); 0: the drafter's time is not charged",
+    )
+    block: bool = Field(
+        False,
+        description="one pass drafts every position (a block drafter) instead of one pass per "
+        "draft token (an MTP chain)",
+    )
 
 
 class ModelSpec(FrozenModel):

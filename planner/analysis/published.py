@@ -82,7 +82,7 @@ class CaseResult:
 
     @property
     def within(self) -> bool:
-        return abs(self.ratio - 1.0) <= self.tolerance
+        return bool(abs(self.ratio - 1.0) <= self.tolerance)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "within": self.within}

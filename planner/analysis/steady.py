@@ -36,6 +36,7 @@ import numpy as np
 
 from ...errors import UserError
 from ...models.cost import Chunk, StepBreakdown, StepCost
+from ...models.draft import DraftCost
 from ...models.hardware import HardwareSpec
 from ...models.registry import load_hardware, load_model
 from ...models.spec import ModelSpec
@@ -177,14 +178,17 @@ def _decode(
     cost, model, hw, name = parts
     ep = cost.shape.ep
     imbalance = sc.policies.expert_imbalance.decode
-    bd: StepBreakdown = cost.decode_breakdown(
-        np.full(ep, float(batch)), np.full(ep, float(batch) * context), verify, imbalance
-    )
+    batches, kv = np.full(ep, float(batch)), np.full(ep, float(batch) * context)
+    bd: StepBreakdown = cost.decode_breakdown(batches, kv, verify, imbalance)
     breakdown = bd.as_dict()
     # the simulator adds the policy's overhead (dspark's confidence head and scheduling time)
-    # to every decode step
-    breakdown["speculative"] = offline_policy(sc.policies.speculative, model).overhead_s
-    step = bd.step_s + breakdown["speculative"]
+    # and the drafter's passes to every decode step
+    policy = offline_policy(sc.policies.speculative, model)
+    breakdown["speculative"] = policy.overhead_s
+    draft = DraftCost.of(model, policy.depth) if policy.speculates else None
+    load = np.stack((batches, kv, batches * verify, kv * verify))
+    breakdown["draft"] = draft.step_s(cost, load, imbalance) if draft else 0.0
+    step = bd.step_s + breakdown["speculative"] + breakdown["draft"]
     seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
     return SteadyPoint(
         pool="decode",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from ...models.cost import PoolShape, RooflineStepCost, StepCost
+from ...models.draft import DraftCost
 from ...models.hardware import HardwareSpec
 from ...models.profile import load_profile
 from ...models.profile_cost import ProfileStepCost
@@ -155,7 +156,8 @@ def make_spec_decoder(
     ]
     rng = stream(sc.seed, f"speculative/{group}")
     policy = make_verify_policy(spec, PolicyParts(max_draft(spec, model), capacity, rng))
-    return SpecDecoder(policy=policy, classes=classes, capacity=capacity, rng=rng)
+    draft = DraftCost.of(model, policy.depth)
+    return SpecDecoder(policy=policy, classes=classes, capacity=capacity, rng=rng, draft=draft)
 
 
 def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:

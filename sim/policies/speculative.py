@@ -37,6 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from ...errors import ConfigError
+from ...models.draft import DraftCost
 from ...models.spec import ModelSpec
 from ...scenario import Speculative
 
@@ -283,7 +284,8 @@ def offline_policy(cfg: Speculative, model: ModelSpec) -> VerifyPolicy:
 
 
 class SpecDecoder:
-    """A group's speculative decoding: the draft chain and the verify policy, over its slots."""
+    """A group's speculative decoding: the draft chain, the verify policy and the drafter's
+    cost (None: not charged), over its slots."""
 
     def __init__(
         self,
@@ -292,10 +294,12 @@ class SpecDecoder:
         classes: Sequence[ClassAcceptance],
         capacity: int,
         rng: np.random.Generator,
+        draft: DraftCost | None = None,
     ) -> None:
         self.policy = policy
         self.chain = DraftChain(classes=classes, depth=policy.depth, capacity=capacity, rng=rng)
         self.overhead_s = policy.overhead_s
+        self.draft = draft if policy.speculates else None
         self.v = np.zeros(capacity, dtype=np.int64)
 
     @property

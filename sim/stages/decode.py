@@ -91,6 +91,7 @@ class DecodeGroup(StepLoop):
         self.s_ctx = np.zeros(cap, dtype=np.int64)  # context tokens the sequence holds
         self.s_cls = np.zeros(cap, dtype=np.int64)  # traffic class (expert-load model)
         self.spec = spec
+        self._draft_s = 0.0  # this step's drafting time (SpecDecoder.draft)
         self.ideal = ideal_balance  # cost every step as if each rank held the mean load
         self.recompute: list[list[tuple[int, int]]] = [[] for _ in range(ep)]
         self.preemptions = 0
@@ -217,6 +218,10 @@ class DecodeGroup(StepLoop):
             load[3] = load[1]
             stall = self._expert_step(live.astype(np.float64))
             return stall + self.cost.decode_step_packed(self._costed(load), self.imbalance)
+        draft = spec.draft
+        self._draft_s = (
+            draft.step_s(self.cost, self._costed(load), self.imbalance) if draft else 0.0
+        )
         v = spec.choose(hw, live, self._step_time_with)
         tokens = np.where(live, 1 + v, 0)
         ranks = self.s_rank[:hw]
@@ -225,7 +230,7 @@ class DecodeGroup(StepLoop):
         self.verify_sum += int(v[live].sum())
         stall = self._expert_step(tokens.astype(np.float64))
         step = self.cost.decode_step_packed(self._costed(load), self.imbalance)
-        return stall + step + spec.overhead_s
+        return stall + step + spec.overhead_s + self._draft_s
 
     def _expert_step(self, tokens: np.ndarray) -> float:
         """Sample this step's expert imbalance from the slots' routed tokens; returns the weight
@@ -250,12 +255,13 @@ class DecodeGroup(StepLoop):
         return np.repeat(load.mean(axis=1, keepdims=True), self.ep, axis=1)
 
     def _step_time_with(self, extra: float) -> float:
-        """Step time if ``extra`` verify tokens were spread over the sequences (for dspark)."""
+        """Step time if ``extra`` verify tokens were spread over the sequences (for dspark),
+        drafting included."""
         scale = 1.0 + extra / max(1, self.n)
         probe = self.load.copy()
         probe[2] = probe[0] * scale
         probe[3] = probe[1] * scale
-        return self.cost.decode_step_packed(self._costed(probe), self.imbalance)
+        return self.cost.decode_step_packed(self._costed(probe), self.imbalance) + self._draft_s
 
     def end_step(self, dt: float) -> None:
         """Every running sequence emitted its tokens; retire the finished ones."""
