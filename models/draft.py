@@ -34,10 +34,9 @@ class DraftCost:
         share = layers / model.n_layers
         return cls(1, drafts, share) if model.draft.block else cls(drafts, 1, share)
 
-    def step_s(self, cost: StepCost, load: np.ndarray, imbalance: float) -> float:
-        """Drafting time of a step whose ranks hold ``load`` (the packed per-rank rows of
-        :meth:`StepCost.decode_step_packed`; its batch and context rows are read)."""
-        batch, kv = load[0], load[1]
+    def step_s(self, cost: StepCost, batch: np.ndarray, kv: np.ndarray, imbalance: float) -> float:
+        """Drafting time of a step whose ranks hold ``batch`` sequences with ``kv`` context
+        tokens in all (per rank, as in :meth:`StepCost.decode_step_packed`)."""
         probe = np.stack((batch, kv, batch * self.rows, kv * self.rows))
         one_pass = cost.decode_step_packed(probe, imbalance) - cost.step_overhead_s
         return float(self.passes * self.share * one_pass)

@@ -186,8 +186,7 @@ def _decode(
     policy = offline_policy(sc.policies.speculative, model)
     breakdown["speculative"] = policy.overhead_s
     draft = DraftCost.of(model, policy.depth) if policy.speculates else None
-    load = np.stack((batches, kv, batches * verify, kv * verify))
-    breakdown["draft"] = draft.step_s(cost, load, imbalance) if draft else 0.0
+    breakdown["draft"] = draft.step_s(cost, batches, kv, imbalance) if draft else 0.0
     step = bd.step_s + breakdown["speculative"] + breakdown["draft"]
     seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
     return SteadyPoint(

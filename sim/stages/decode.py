@@ -218,10 +218,9 @@ class DecodeGroup(StepLoop):
             load[3] = load[1]
             stall = self._expert_step(live.astype(np.float64))
             return stall + self.cost.decode_step_packed(self._costed(load), self.imbalance)
-        draft = spec.draft
-        self._draft_s = (
-            draft.step_s(self.cost, self._costed(load), self.imbalance) if draft else 0.0
-        )
+        if spec.draft is not None:  # fixed per group: _draft_s stays 0.0 without one
+            costed = self._costed(load)
+            self._draft_s = spec.draft.step_s(self.cost, costed[0], costed[1], self.imbalance)
         v = spec.choose(hw, live, self._step_time_with)
         tokens = np.where(live, 1 + v, 0)
         ranks = self.s_rank[:hw]

@@ -41,8 +41,10 @@ def test_a_drafter_as_deep_as_the_target_costs_a_step_at_its_rows() -> None:
     cost = v3_cost()
     load = packed(144, 64, 4096, 2.0)
     step_at_one = cost.decode_step_packed(packed(144, 64, 4096, 1.0)) - cost.step_overhead_s
-    assert DraftCost(1, 1, 1.0).step_s(cost, load, 1.0) == pytest.approx(step_at_one)
-    assert DraftCost(3, 1, 0.5).step_s(cost, load, 1.0) == pytest.approx(1.5 * step_at_one)
+    assert DraftCost(1, 1, 1.0).step_s(cost, load[0], load[1], 1.0) == pytest.approx(step_at_one)
+    assert DraftCost(3, 1, 0.5).step_s(cost, load[0], load[1], 1.0) == pytest.approx(
+        1.5 * step_at_one
+    )
 
 
 def test_a_block_pass_reads_the_weights_once() -> None:
@@ -52,10 +54,10 @@ def test_a_block_pass_reads_the_weights_once() -> None:
     cost = v3_cost()
     load = packed(144, 4, 2048, 1.0)
     chain, block = DraftCost(5, 1, 0.1), DraftCost(1, 5, 0.1)
-    one = DraftCost(1, 1, 0.1).step_s(cost, load, 1.0)
-    assert one == pytest.approx(block.step_s(cost, load, 1.0))
-    assert block.step_s(cost, load, 1.0) < chain.step_s(cost, load, 1.0)
-    assert chain.step_s(cost, load, 1.0) == pytest.approx(5 * one)
+    one = DraftCost(1, 1, 0.1).step_s(cost, load[0], load[1], 1.0)
+    assert one == pytest.approx(block.step_s(cost, load[0], load[1], 1.0))
+    assert block.step_s(cost, load[0], load[1], 1.0) < chain.step_s(cost, load[0], load[1], 1.0)
+    assert chain.step_s(cost, load[0], load[1], 1.0) == pytest.approx(5 * one)
 
 
 def test_the_steady_point_charges_the_drafter() -> None:
