@@ -12,6 +12,15 @@ tables, latency CDFs with the SLOs drawn on them, and downsampled time series
 (``report_figures.py``); last the run folders and their resolved configurations. With two runs or
 more every table has one column per run and, for each run after the first, its change against the
 first, coloured better or worse only when the two were offered the same load.
+
+Cost per token and revenue per GPU-hour of a run that did not keep up with its load or missed its
+SLOs carry a caveat (a dagger on the cell and a note saying what they mean at that load), and
+their changes are not coloured: a saturated deployment looks cheap per token.
+
+No table may overlap another at any width: the detail grid's columns are as wide as the number
+of runs needs (three runs or more stack the tables in one column), column headings (run names)
+and folder paths wrap, and every table sits in a box that scrolls sideways when the page is still
+narrower than the table.
 """
 
 from __future__ import annotations
@@ -31,16 +40,21 @@ import yaml
 from ...errors import UserError
 from .report_figures import bin_note, latency_figure, timeseries_figures, with_derived_columns
 from .report_numbers import (
+    CAVEATED_COSTS,
     COST_METRICS,
     DETAIL_METRICS,
+    HEADROOM_SHOWN_FROM,
     OFFERED_TOLERANCE,
     Headline,
     Metric,
+    backlog_text,
+    cost_caveat,
     delta,
     describe,
     fmt,
     get,
     headline,
+    headroom_text,
     offered_load,
     same_offered_load,
     seconds,
@@ -130,26 +144,33 @@ max-width:1500px;padding:1rem 2rem;color:#1d1d1f;background:#fff;line-height:1.4
 h1{font-size:1.45rem;margin:.2rem 0}h2{font-size:1.15rem;margin:1.8rem 0 .6rem;
 border-bottom:1px solid #ddd;padding-bottom:.2rem}h3{font-size:1rem;margin:0 0 .4rem}
 .meta{color:#666;font-size:.85rem;margin:.3rem 0}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(34rem,1fr));gap:1rem}
-.card{border:1px solid #ddd;border-left:6px solid #888;border-radius:6px;padding:.8rem 1rem}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,34rem),1fr));gap:1rem}
+.card{border:1px solid #ddd;border-left:6px solid #888;border-radius:6px;padding:.8rem 1rem;
+min-width:0;overflow-x:auto}
 .card.meets{border-left-color:#137333}.card.misses{border-left-color:#b3261e}
 .verdict{font-size:1.15rem;font-weight:600;margin:.1rem 0 .5rem}
 .meets .verdict{color:#137333}.misses .verdict{color:#b3261e}
 .card p{margin:.35rem 0;font-size:.92rem}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(22rem,1fr));gap:.4rem 1.5rem;
-align-items:start}
-.narrow{max-width:56rem}.narrow table{width:auto;min-width:28rem}
-.grid.wide{grid-template-columns:repeat(auto-fill,minmax(34rem,1fr))}
+.warn{border-left:4px solid #b26a00;background:#fff8e6;padding:.35rem .6rem;font-size:.92rem;
+margin:.4rem 0}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,22rem),1fr));
+gap:.4rem 1.5rem;align-items:start}
+.grid.wide{grid-template-columns:repeat(auto-fill,minmax(min(100%,34rem),1fr))}
+.grid.stack{grid-template-columns:minmax(0,1fr)}.grid.stack table{width:auto;min-width:60%}
+.grid>div,.box{min-width:0;overflow-x:auto}
+.narrow table{width:auto;min-width:min(100%,28rem)}
 table{border-collapse:collapse;font-size:.85rem;margin:.3rem 0;width:100%}
 caption{text-align:left;font-weight:600;padding:.3rem 0}
 th,td{padding:.2rem .5rem;border-bottom:1px solid #eee;text-align:right;white-space:nowrap}
 th:first-child,td:first-child{text-align:left}
-thead th{background:#f5f5f7}
+thead th{background:#f5f5f7;white-space:normal;overflow-wrap:anywhere;vertical-align:bottom}
+td code{white-space:normal;overflow-wrap:anywhere}
 td.better{color:#137333;font-weight:600}td.worse{color:#b3261e;font-weight:600}
 td.same,td.na{color:#777}
 td.ok{color:#137333}td.miss{color:#b3261e;font-weight:600}
-.grid>.tall{grid-row:span 2}
-.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(400px,1fr));gap:.8rem}
+td.caveat{color:#b26a00}
+.grid>.tall{grid-row:span 2}.grid.stack>.tall{grid-row:auto}
+.figs{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,400px),1fr));gap:.8rem}
 figure{margin:0}figure img{width:100%;height:auto;border:1px solid #eee}
 figcaption{font-size:.8rem;color:#555}
 details{margin:.4rem 0}pre{background:#f5f5f7;padding:.6rem;overflow:auto;font-size:.75rem;
@@ -199,14 +220,32 @@ def _headline_card(r: RunData, i: int) -> str:
         f"<h3>{_e(r.label)}</h3>",
         f'<p class="verdict">{mark} {_e(verdict(h))}</p>',
     ]
+    if h.backlog is not None:
+        parts.append(f'<p class="warn">{_e(backlog_text(h))}</p>')
+        busy = next((p for p in h.pools if p.pool == h.backlog.stage), None)
+        averaged = (
+            f", {short_pct(busy.fraction)} {'busy' if busy.measure == 'busy' else 'full'} "
+            "on average over the run (the drain included)"
+            if busy is not None
+            else ""
+        )
+        parts.append(
+            f"<p><strong>Binding pool: {_e(h.backlog.stage)}</strong>, where the queue grew"
+            f"{_e(averaged)}: <strong>no headroom</strong> at this load.</p>"
+        )
     binding = h.binding
-    if binding is not None and h.headroom is not None:
+    if h.backlog is None and binding is not None and h.headroom is not None:
         what = "busy" if binding.measure == "busy" else f"full ({binding.measure})"
-        used, room = short_pct(binding.fraction), short_pct(h.headroom)
+        used, room = short_pct(binding.fraction), headroom_text(h.headroom)
+        room = "no headroom" if room == "none" else f"headroom {room}"
+        after = (
+            "before it saturates (latency SLOs can bind sooner)"
+            if h.headroom >= HEADROOM_SHOWN_FROM
+            else "(it is saturated)"
+        )
         parts.append(
             f"<p><strong>Binding pool: {_e(binding.pool)}</strong>, {_e(used)} {_e(what)}: "
-            f"<strong>headroom {_e(room)}</strong> before it saturates "
-            "(latency SLOs can bind sooner).</p>"
+            f"<strong>{_e(room)}</strong> {_e(after)}.</p>"
         )
     tight = h.tightest
     if tight is not None and tight.measured is not None and h.meets:
@@ -245,10 +284,23 @@ def _offered_note(runs: list[RunData]) -> str:
 # ---- metric tables ------------------------------------------------------------------------------
 
 
+def _value_cell(v: Any, kind: str, caveat: bool) -> str:
+    if caveat and v is not None:
+        return f'<td class="caveat">{_e(fmt(v, kind))} †</td>'
+    return f"<td>{_e(fmt(v, kind))}</td>"
+
+
 def _metric_table(
-    runs: list[RunData], metrics: list[Metric], colour: list[bool], caption: str = ""
+    runs: list[RunData],
+    metrics: list[Metric],
+    colour: list[bool],
+    caption: str = "",
+    caveat: Sequence[bool] = (),
 ) -> str:
-    """One row per metric any run has; a run after the first adds its column and its Δ."""
+    """One row per metric any run has; a run after the first adds its column and its Δ. A run
+    whose ``caveat`` is set has its ``CAVEATED_COSTS`` cells marked † (the note below the table
+    says why), and their changes against the first run are not coloured when either is marked."""
+    marked = list(caveat) or [False] * len(runs)
     first = runs[0]
     head = ["<th>metric</th>", f"<th>{_e(first.label)}</th>"]
     for r in runs[1:]:
@@ -261,10 +313,13 @@ def _metric_table(
         pool_count = path[:2] == ("cost", "gpus") or path == ("cost", "storage_nodes")
         if pool_count and path[-1] != "total" and not any(values):
             continue  # a pool no run has
-        cells = [f"<td>{_e(label)}</td>", f"<td>{_e(fmt(values[0], kind))}</td>"]
-        for v, coloured in zip(values[1:], colour, strict=True):
-            text, cls = delta(values[0], v, kind, better, coloured)
-            cells += [f"<td>{_e(fmt(v, kind))}</td>", f'<td class="{cls}">{_e(text)}</td>']
+        caveated = path[0] == "cost" and path[-1] in CAVEATED_COSTS
+        cells = [f"<td>{_e(label)}</td>", _value_cell(values[0], kind, caveated and marked[0])]
+        for k, (v, coloured) in enumerate(zip(values[1:], colour, strict=True), start=1):
+            plain = caveated and (marked[0] or marked[k])
+            text, cls = delta(values[0], v, kind, better, coloured and not plain)
+            mark = caveated and marked[k]
+            cells += [_value_cell(v, kind, mark), f'<td class="{cls}">{_e(text)}</td>']
         body.append(f"<tr>{''.join(cells)}</tr>")
     if not body:
         return ""
@@ -286,8 +341,21 @@ def _detail_tables(runs: list[RunData], colour: list[bool]) -> str:
             cells.append(
                 f'<div class="tall">{table}</div>' if sec == "Latency" else f"<div>{table}</div>"
             )
-    wide = " wide" if len(runs) > 1 else ""
-    return f'<div class="grid{wide}">' + "".join(cells) + "</div>"
+    # columns as wide as the tables need: a metric, a value per run and a Δ per later run
+    layout = "" if len(runs) == 1 else " wide" if len(runs) == 2 else " stack"
+    return f'<div class="grid{layout}">' + "".join(cells) + "</div>"
+
+
+def _cost_section(runs: list[RunData], colour: list[bool]) -> str:
+    """The cost table, then a caveat for each run whose per-token figures flatter it."""
+    notes = [cost_caveat(r.summary, headline(r.summary, r.slo)) for r in runs]
+    table = _metric_table(runs, COST_METRICS, colour, caveat=[n is not None for n in notes])
+    parts = [f'<div class="narrow box">{table}</div>']
+    for i, (r, note) in enumerate(zip(runs, notes, strict=True)):
+        if note is not None:
+            who = f"{r.label}: " if len(runs) > 1 else ""
+            parts.append(f'<p class="warn" id="cost-caveat-{i + 1}">† {_e(who + note)}</p>')
+    return "".join(parts)
 
 
 def _runs_table(runs: list[RunData]) -> str:
@@ -307,7 +375,9 @@ def _runs_table(runs: list[RunData]) -> str:
         "<tr><th>run</th><th>scenario</th><th>requests</th><th>simulated s</th>"
         "<th>folder</th><th>tables</th></tr>"
     )
-    return f"<table><thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>"
+    return (
+        f'<div class="box"><table><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
+    )
 
 
 # ---- the page -----------------------------------------------------------------------------------
@@ -343,7 +413,7 @@ def build_html(runs: list[RunData]) -> str:
     parts += [
         "</section>",
         '<section id="cost"><h2>Cost</h2>',
-        f'<div class="narrow">{_metric_table(runs, COST_METRICS, colour)}</div>',
+        _cost_section(runs, colour),
         "</section>",
         '<section id="summary"><h2>Detail</h2>',
     ]

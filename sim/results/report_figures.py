@@ -8,7 +8,13 @@ Time series are downsampled before they are drawn (``sim/results/downsample.py``
 has tens of thousands of rows, which a 450-pixel panel can only show as a band of noise. Each
 panel draws the mean of each bin (line) and its min-max range (band); a bin with no finite
 sample (the prefix hit rate while nothing was looked up) stays NaN, so the line has a gap there,
-not a fake zero. Legends name at most the runs and the panel's columns."""
+not a fake zero. Legends name at most the runs and the panel's columns.
+
+Axis numbers are plain below a thousand and take k / M / G above (:func:`axis_number`), never
+an SI prefix below one: matplotlib's engineering formatter labels 0.5 as ``500m``, which on a
+count of waiting requests reads as milli-requests, and on GB/s as thousandths of one. A count panel
+(requests) ticks whole numbers only, and reaches at least 1 so that an empty queue is a line at
+0 with the ticks 0 and 1, not 0 to 0.05."""
 
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ class Panel:
     columns: tuple[tuple[str, str], ...]  # (time-series column, legend label)
     fraction: bool = False  # a 0..1 quantity: percent axis from 0 to 100 %
     note: str = ""
+    count: bool = False  # a number of requests: whole-number ticks
 
 
 PANELS: list[Panel] = [
@@ -50,11 +57,13 @@ PANELS: list[Panel] = [
             ("prefill_queue", "prefill queue"),
             ("decode_waiting", "decode waiting"),
         ),
+        count=True,
     ),
     Panel(
         "Requests in decode",
         "requests",
         (("decode_running", "decoding"), ("transfers_in_flight", "P→D transfers")),
+        count=True,
     ),
     Panel(
         "Busy fraction",
@@ -108,6 +117,17 @@ def png(fig: Any) -> str:
 # ---- time series --------------------------------------------------------------------------------
 
 
+def axis_number(x: float, _pos: Any = None) -> str:
+    """A tick label: 1,200 as 1.2k, 3e6 as 3M, 0.5 as 0.5 (never 500m), 0 as 0."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g}{prefix}"
+    text = f"{x:.4g}"
+    if "e" in text:  # 1e-05: positional, as the other labels are
+        text = np.format_float_positional(float(text), trim="-")
+    return "0" if text == "-0" else text
+
+
 def with_derived_columns(ts: pd.DataFrame, summary: dict[str, Any]) -> pd.DataFrame:
     """Add ``decode_batch_fill`` (mean sequences per rank over the per-rank limit)."""
     limit = (summary.get("load") or {}).get("decode", {}).get("max_seqs_per_rank")
@@ -130,7 +150,7 @@ def timeseries_figures(runs: list[RunData]) -> list[tuple[Panel, str]]:
     """(panel, base64 PNG) for each panel at least one run has data for."""
     plt = _plt()
     from matplotlib.lines import Line2D
-    from matplotlib.ticker import EngFormatter, PercentFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     styles: tuple[Literal["-", "--", ":", "-."], ...] = ("-", "--", ":", "-.")
@@ -188,8 +208,11 @@ def timeseries_figures(runs: list[RunData]) -> list[tuple[Panel, str]]:
             top = max(1.0, ymax) if ymax >= FULL_SCALE_FROM else max(ymax, 1e-9) * 1.25
             ax.set_ylim(0, top * 1.05)
         else:
-            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
-            if panel.title != "Expert imbalance":  # a factor from 1 up: 0 would flatten it
+            ax.yaxis.set_major_formatter(FuncFormatter(axis_number))
+            if panel.count:
+                ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+                ax.set_ylim(0, max(1.0, ymax) * 1.05)
+            elif panel.title != "Expert imbalance":  # a factor from 1 up: 0 would flatten it
                 ax.set_ylim(bottom=0)
         ax.set_title(panel.title, fontsize=10)
         ax.set_xlabel("simulated time (s)", fontsize=8)

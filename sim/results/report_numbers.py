@@ -5,7 +5,27 @@ SLOs at this load?* By the planner's rule (``planner/plan.py``): p99 TTFT, p99 T
 when set) within their limits and every arrived request served. *Which pool binds?* The one
 nearest full: prefill and vision by their busy fraction; decode by its occupancy (the larger of
 its batch-slot and KV fill), because a Wide-EP group steps whenever it holds one sequence and so
-reads ~100 % busy at any load. *Headroom?* One minus the binding pool's fraction.
+reads ~100 % busy at any load. *Headroom?* One minus the binding pool's fraction, said as "under
+0.01 %" or "none" once it is that small (a pool 99.9996 % busy is saturated, not 0.00040 % short
+of it).
+
+*Did it keep up with its load?* Not when requests went unserved (rejected, or still in flight at
+the end), and not when the backlog grew: at some moment at least ``BACKLOG_SHARE`` of all the
+requests offered (and at least ``BACKLOG_MIN``) were waiting at one stage for capacity, the
+summary's peak queue depth. A deployment that keeps up holds a few requests waiting at a time,
+whatever the run's length; one offered more than it serves accumulates the excess, (1 - served
+rate / offered rate) of the requests by the last arrival. A short overloaded run can still meet
+its latency SLOs (the backlog drains before it is judged), which is why this is asked apart.
+Cost per token and revenue per GPU-hour divide by the tokens the run served in its makespan: for
+a run that did not keep up, or that missed its SLOs, they are the figures of a saturated (or
+too slow) deployment, lower per token than serving that load within the SLOs would cost, so the
+report puts a caveat on them (:func:`cost_caveat`).
+
+Served / offered compares like with like: the requests served of the requests offered (a run
+that served 200 of 200 reads 100 %). The summary's ``served_over_offered`` divides a rate over
+the completion window by one over the arrival window; those windows differ by the spread of
+latencies, so it reads 94.5 % for a short run that served everything, and the report does not
+show it.
 
 Percentages keep two significant figures below 1 % (a store 0.0048 % full is not "0.00 %").
 A change between two runs is coloured better or worse only when both were offered the same load
@@ -24,6 +44,12 @@ Metric = tuple[str, str, tuple[str, ...], str, int]
 
 OFFERED_TOLERANCE = 0.01  # relative: offered loads this close count as equal
 NEGLIGIBLE = 0.001  # relative: a smaller change is not coloured (it reads +0.0 %)
+BACKLOG_SHARE = 0.10  # of the requests offered waiting at once at one stage: it did not keep up
+BACKLOG_MIN = 10  # requests: fewer waiting is never called a backlog (a burst in a tiny run)
+HEADROOM_SHOWN_FROM = 1e-4  # a smaller headroom reads "under 0.01 %"
+CAVEATED_COSTS = frozenset(
+    {"usd_per_mtok_output", "revenue_usd_per_hour", "revenue_per_gpu_hour_usd"}
+)
 
 
 def _latency_rows() -> list[Metric]:
@@ -52,7 +78,7 @@ DETAIL_METRICS: list[Metric] = [
     ("Requests", "rejected", ("requests", "rejected"), "int", -1),
     ("Requests", "in flight at end", ("requests", "in_flight"), "int", -1),
     ("Requests", "offered requests / s", ("offered_load", "offered", "request_per_s"), "num", 0),
-    ("Requests", "served / offered", ("offered_load", "served_over_offered"), "pct", +1),
+    ("Requests", "served / offered requests", ("offered_load", "completed_fraction"), "pct", +1),
     *_latency_rows(),
     ("Throughput", "requests / s", ("throughput", "request_per_s"), "num", +1),
     ("Throughput", "input tok / s", ("throughput", "input_tok_per_s"), "num", +1),
@@ -160,6 +186,16 @@ def short_pct(fraction: float) -> str:
     return f"{percent_number(fraction)} %"
 
 
+def headroom_text(fraction: float) -> str:
+    """A headroom for a sentence: "none" at 0, "under 0.01 %" below that, else a percentage
+    (two significant figures below 1 %)."""
+    if fraction <= 0:
+        return "none"
+    if fraction < HEADROOM_SHOWN_FROM:
+        return "under 0.01 %"
+    return short_pct(fraction)
+
+
 def seconds(v: float) -> str:
     """A duration the way a person says it: 534 ms, 5 s, 850 µs."""
     if v == 0:
@@ -250,14 +286,39 @@ class PoolLoad:
 
 
 @dataclass(frozen=True)
+class Backlog:
+    """The most requests waiting at once at one stage, when that was a backlog (see the module
+    note): ``peak`` requests, ``share`` of the ``offered`` requests."""
+
+    stage: str
+    peak: int
+    offered: int
+
+    @property
+    def share(self) -> float:
+        return self.peak / self.offered
+
+
+@dataclass(frozen=True)
 class Headline:
     checks: list[SloCheck]
     pools: list[PoolLoad]
     offered_rps: float | None
+    backlog: Backlog | None = None
 
     @property
     def meets(self) -> bool:
         return all(c.met for c in self.checks)
+
+    @property
+    def unserved(self) -> int:
+        """Requests rejected or still in flight at the end."""
+        return sum(int(c.measured or 0) for c in self.checks if c.kind == "n")
+
+    @property
+    def kept_up(self) -> bool:
+        """Served every request without a growing backlog (the module note says how)."""
+        return self.unserved == 0 and self.backlog is None
 
     @property
     def missed(self) -> list[SloCheck]:
@@ -338,12 +399,90 @@ def pool_loads(summary: dict[str, Any]) -> list[PoolLoad]:
     return out
 
 
+QUEUES = (("vision", "vision"), ("prefill", "prefill"), ("decode", "decode"))
+
+
+def backlog(summary: dict[str, Any]) -> Backlog | None:
+    """The deepest queue of the run (``load.<pool>.queue.max``) when it held at least
+    ``BACKLOG_SHARE`` of the requests offered and at least ``BACKLOG_MIN``; else None."""
+    offered = num(get(summary, ("requests", "arrived")))
+    if not offered:
+        return None
+    peaks = [
+        (peak, stage)
+        for key, stage in QUEUES
+        if (peak := num(get(summary, ("load", key, "queue", "max")))) is not None
+    ]
+    if not peaks:
+        return None
+    peak, stage = max(peaks)
+    if peak < BACKLOG_MIN or peak < BACKLOG_SHARE * offered:
+        return None
+    return Backlog(stage, int(peak), int(offered))
+
+
 def headline(summary: dict[str, Any], slo: dict[str, Any]) -> Headline:
     offered = offered_load(summary)
     return Headline(
         checks=slo_checks(summary, slo),
         pools=pool_loads(summary),
         offered_rps=None if offered is None else offered["request_per_s"],
+        backlog=backlog(summary),
+    )
+
+
+def backlog_text(h: Headline) -> str:
+    """What the headline says of a run whose backlog grew ("" when it did not)."""
+    b = h.backlog
+    if b is None:
+        return ""
+    text = (
+        f"It did not keep up with this load: up to {b.peak:,} requests ({short_pct(b.share)} of "
+        f"the {b.offered:,} offered) waited for {b.stage} at once. "
+    )
+    if h.meets:
+        return text + (
+            "It meets its SLOs only because the queue drained after the last arrival; a longer "
+            "run at this rate waits longer."
+        )
+    return text + "A longer run at this rate waits longer."
+
+
+def cost_caveat(summary: dict[str, Any], h: Headline) -> str | None:
+    """What the per-token cost and the revenue mean for a run that did not keep up with its load
+    or missed its SLOs (None for a run that kept up and met them): they divide by the tokens the
+    run served, so they are the figures of a saturated (or too slow) deployment, not what serving
+    this load within the SLOs costs."""
+    if h.meets and h.kept_up:
+        return None
+    why = []
+    if h.backlog is not None:
+        b = h.backlog
+        why.append(f"its backlog grew (up to {b.peak:,} requests waiting for {b.stage})")
+    if h.unserved:
+        why.append(f"{h.unserved:,} requests were not served")
+    latencies = [describe(c) for c in h.missed if c.kind == "s"]
+    if latencies:
+        why.append("it missed " + ", ".join(latencies))
+    if h.kept_up:
+        return (
+            f"At this load {'; '.join(why)}. Its $ / M output tokens and revenue are those of a "
+            "deployment that misses its SLOs, not what serving this load within them costs "
+            "(that takes another deployment, usually a larger one)."
+        )
+    served = num(get(summary, ("throughput", "output_tok_per_s")))
+    offered = num(get(summary, ("offered_load", "offered", "output_tok_per_s")))
+    rate = ""
+    if served is not None and offered is not None:
+        rate = (
+            f" ({_sig(served)} output tokens/s over its makespan, against {_sig(offered)}/s "
+            "offered while requests arrived)"
+        )
+    return (
+        f"It did not keep up with its load: {'; '.join(why)}. Its $ / M output tokens and revenue "
+        f"count the tokens it served, at the rate it could serve them{rate}: the figures of a "
+        "saturated deployment, lower per token than serving this load within its SLOs would cost "
+        "(that needs more capacity)."
     )
 
 

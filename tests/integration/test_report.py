@@ -4,6 +4,9 @@ Every figure is an inline PNG, the page loads no URL, every piece of text from a
 and with two runs the summary shows the second against the first, absolute and in percent. The
 page opens with a headline (SLOs met at this load, the binding pool, its headroom), then cost,
 then the detail; a change is coloured better or worse only between runs offered the same load.
+Numbers compare like with like (requests served of requests offered), a run that did not keep
+up with its load has its cost per token flagged, and the page is checked in a real browser: at
+1400 and 1920 px no table overlaps another.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -30,9 +34,13 @@ from deepinfer_sim.sim.results import report_figures
 from deepinfer_sim.sim.results.report import load_run, render_report
 from deepinfer_sim.sim.results.report_figures import MAX_POINTS, PANELS, downsample
 from deepinfer_sim.sim.results.report_numbers import (
+    BACKLOG_MIN,
+    BACKLOG_SHARE,
+    cost_caveat,
     delta,
     fmt,
     headline,
+    headroom_text,
     percent_number,
     same_offered_load,
 )
@@ -42,14 +50,16 @@ from deepinfer_sim.sim.run import simulate
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """Tiny runs: EP8 decode with the reference prefix store, EP16 with a 3FS store (both
-    offered the same load); EP8 offered twice the load; and EP8 run through the CLI with a
-    TPOT SLO no deployment meets (``--set slo.tpot_s=0.0001``)."""
+    offered the same load); EP8 offered twice the load, and twenty times (more than its prefill
+    serves: the backlog grows, yet the 80 requests drain within the SLOs); and EP8 run through
+    the CLI with a TPOT SLO no deployment meets (``--set slo.tpot_s=0.0001``)."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
     for name, over in (
         ("ep8", {}),
         ("ep16-store", {"pools.decode.ep": 16, "pools.storage.nodes": 24}),
         ("ep8-2x", {"workload.rate_scale": 2.0}),
+        ("ep8-20x", {"workload.rate_scale": 20.0}),
     ):
         sc = scenario_from_dict(tiny_dict(**{"workload.max_requests": 80, **over}))
         out[name] = simulate(sc).write(root / name, plots=False)
@@ -252,6 +262,93 @@ def test_small_percentages_keep_two_significant_figures():
     assert delta(4.75e-5, 1.9e-4, "pct", 0) == ("+0.014 pp (+300.0 %)", "same")
 
 
+def _row(text: str, label: str) -> str:
+    found = re.search(rf"<td>{re.escape(label)}</td>.*?</tr>", text)
+    assert found, f"no row {label!r}"
+    return found.group(0)
+
+
+def test_served_over_offered_counts_requests_so_a_run_that_served_all_reads_100_percent(
+    runs, tmp_path
+):
+    """The summary's ``served_over_offered`` divides completions per second over the completion
+    window by arrivals per second over the arrival window. The two windows differ by the spread
+    of latencies, so the tiny run that served all 80 of its 80 requests has a ratio of 0.83, and
+    the report showed "served / offered 83.44 %". It compares like with like now: requests
+    served of requests offered."""
+    summary = json.loads((runs["ep8"] / "summary.json").read_text())
+    assert summary["requests"]["completed"] == summary["requests"]["arrived"] == 80
+    text = render_report([runs["ep8"]], tmp_path / "r.html").read_text()
+    assert "<td>served / offered requests</td><td>100 %</td>" in _row(
+        text, "served / offered requests"
+    )
+
+
+def test_a_saturated_pool_shows_no_meaningless_digits_of_headroom(runs, tmp_path):
+    """A prefill pool 99.9996 % busy has no headroom worth a number: the card says "under
+    0.01 %" (it is saturated), not 0.00040 %; an exactly full pool has none."""
+    assert headroom_text(4e-6) == "under 0.01 %"
+    assert headroom_text(0.0) == "none"
+    assert headroom_text(0.37) == "37 %" and headroom_text(0.0042) == "0.42 %"
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    summary = json.loads((runs["ep8"] / "summary.json").read_text())
+    summary["load"]["prefill"]["busy_fraction"] = 0.999996
+    (busy / "summary.json").write_text(json.dumps(summary))
+    card = _card(render_report([busy], tmp_path / "r.html").read_text(), 1)
+    assert "<strong>headroom under 0.01 %</strong> (it is saturated)" in card
+    assert "0.0004" not in card
+    summary["load"]["prefill"]["busy_fraction"] = 1.0
+    (busy / "summary.json").write_text(json.dumps(summary))
+    card = _card(render_report([busy], tmp_path / "r.html").read_text(), 1)
+    assert "<strong>no headroom</strong> (it is saturated)" in card
+
+
+def test_a_run_that_did_not_keep_up_has_its_cost_per_token_flagged(runs, tmp_path):
+    """Twenty times the traffic: the prefill queue grows to more than half of the 80 requests,
+    and they still drain within the SLOs, so the verdict is "meets". Its $ / M output tokens
+    is about a third of the kept-up run's, because it divides the same $ / hour by the tokens of a
+    saturated deployment. The headline says it did not keep up, the per-token cost and revenue
+    cells carry a dagger and a note says what they mean at that load; the cells that do not
+    depend on the load ($ / hour, GPUs) carry none."""
+    kept, over = (json.loads((runs[n] / "summary.json").read_text()) for n in ("ep8", "ep8-20x"))
+    assert over["load"]["prefill"]["queue"]["max"] >= BACKLOG_SHARE * 80
+    assert over["cost"]["usd_per_mtok_output"] < kept["cost"]["usd_per_mtok_output"] / 2
+    text = render_report([runs["ep8"], runs["ep8-20x"]], tmp_path / "r.html").read_text()
+    check_page(text)
+    card = _card(text, 2)
+    assert "Meets its SLOs" in card and "It did not keep up with this load" in card
+    assert "<strong>no headroom</strong> at this load" in card  # not the busy time's 75 %
+    note = re.search(r'<p class="warn" id="cost-caveat-2">(.*?)</p>', text, re.S)
+    assert note, "no cost caveat for the overloaded run"
+    assert "did not keep up" in note.group(1) and "saturated deployment" in note.group(1)
+    assert 'id="cost-caveat-1"' not in text  # the run that kept up has none
+    mtok = _row(text, "$ / M output tokens")
+    assert mtok.count(" †</td>") == 1 and 'class="caveat"' in mtok
+    assert " †" in _row(text, "revenue $ / GPU-hour")
+    assert " †" not in _row(text, "$ / hour") and " †" not in _row(text, "GPUs")
+
+
+def test_cost_caveats_say_why(runs):
+    """No caveat for a run that kept up and met its SLOs; "saturated" for one whose backlog
+    grew or that left requests unserved; "misses its SLOs" for one that kept up but was too
+    slow (a TPOT limit no deployment meets)."""
+    slo = {"ttft_s": 5.0, "tpot_s": 0.05}
+    kept, over = (json.loads((runs[n] / "summary.json").read_text()) for n in ("ep8", "ep8-20x"))
+    assert cost_caveat(kept, headline(kept, slo)) is None
+    assert "saturated" in (cost_caveat(over, headline(over, slo)) or "")
+    slow = cost_caveat(kept, headline(kept, {"ttft_s": 5.0, "tpot_s": 0.0001}))
+    assert slow is not None and "misses its SLOs" in slow and "p99 TPOT" in slow
+    rejected = json.loads(json.dumps(kept))
+    rejected["requests"]["rejected"] = 3
+    h = headline(rejected, slo)
+    assert not h.kept_up and "3 requests were not served" in (cost_caveat(rejected, h) or "")
+    # a few requests waiting at once is no backlog, in a tiny run or a large one
+    few = json.loads(json.dumps(kept))
+    few["load"]["prefill"]["queue"]["max"] = BACKLOG_MIN - 1
+    assert headline(few, slo).kept_up
+
+
 def test_prefix_hit_rate_is_nan_where_no_prompt_was_looked_up(runs):
     """An interval without a new arrival looks nothing up: no hit rate (a gap), not 0 %."""
     ts = pd.read_parquet(runs["ep8"] / "timeseries.parquet")
@@ -301,6 +398,42 @@ def test_long_time_series_are_drawn_downsampled(runs, monkeypatch):
     lines = figs[0].axes[0].get_lines()
     assert lines and all(0 < len(line.get_xdata()) <= MAX_POINTS for line in lines)
     assert "mean over 85 samples" in report_figures.bin_note([run])
+
+
+def test_count_axes_are_whole_requests_and_no_axis_reads_milli(runs, monkeypatch):
+    """A queue that holds at most one request is drawn on ticks 0 and 1, not 0 to 1,000m; a
+    store read at 0.6 GB/s reads 0.6, not 600m (matplotlib's engineering formatter writes both
+    with a milli prefix)."""
+    run = load_run(runs["ep8"])
+    n = 50
+    t = np.arange(1, n + 1) * 0.5
+    run.timeseries = pd.DataFrame(
+        {
+            "t_s": t,
+            "prefill_queue": (np.arange(n) % 2).astype(float),
+            "decode_waiting": np.zeros(n),
+            "storage_read_gbps": np.linspace(0.0, 0.6, n),
+        }
+    )
+    figs = _figures(monkeypatch)
+    drawn = report_figures.timeseries_figures([run])
+    titles = [panel.title for panel, _ in drawn]
+    assert titles == ["Waiting requests", "KV storage reads"]
+    for fig, title in zip(figs, titles, strict=True):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        lo, hi = ax.get_ylim()
+        shown = [
+            (tick, label.get_text())
+            for tick, label in zip(ax.get_yticks(), ax.get_yticklabels(), strict=True)
+            if lo <= tick <= hi
+        ]
+        assert shown and not any(text.endswith("m") for _, text in shown), (title, shown)
+        assert all(float(text) == pytest.approx(tick) for tick, text in shown), (title, shown)
+        if title == "Waiting requests":
+            assert [text for _, text in shown] == ["0", "1"]
+    assert report_figures.axis_number(1_200_000) == "1.2M"
+    assert report_figures.axis_number(0.5) == "0.5"
 
 
 def test_latency_cdfs_draw_the_slos_on_readable_axes(runs, monkeypatch):
@@ -380,12 +513,15 @@ HANG_S = 600  # a browser that hangs fails the test instead of stalling CI (not 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
-def test_the_page_renders_in_a_headless_browser(runs, tmp_path):
+def _browser() -> str:
     browser = next((b for b in map(shutil.which, BROWSERS) if b), None)
     if browser is None:
         pytest.skip(f"no headless browser on PATH (looked for {', '.join(BROWSERS)})")
-    page = render_report([runs["ep8"], runs["ep16-store"]], tmp_path / "r.html")
-    shot = tmp_path / "shot.png"
+    return browser
+
+
+def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run headless Chromium with a fresh profile and nothing that reaches the network."""
     flags = [
         "--headless",
         "--no-sandbox",
@@ -395,20 +531,119 @@ def test_the_page_renders_in_a_headless_browser(runs, tmp_path):
         "--disable-background-networking",
         "--disable-component-update",
         "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--user-data-dir={profile}",
     ]
-    dom = subprocess.run(
-        [browser, *flags, "--dump-dom", page.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-    )
+    return subprocess.run([browser, *flags, *args], capture_output=True, text=True, timeout=HANG_S)
+
+
+def test_the_page_renders_in_a_headless_browser(runs, tmp_path):
+    browser = _browser()
+    page = render_report([runs["ep8"], runs["ep16-store"]], tmp_path / "r.html")
+    shot = tmp_path / "shot.png"
+    dom = _headless(browser, tmp_path / "profile", "--dump-dom", page.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "Δ vs ep8" in dom.stdout and "Meets its SLOs" in dom.stdout
     assert dom.stdout.count("data:image/png;base64,") == 1 + len(PANELS)
-    rendered = subprocess.run(
-        [browser, *flags, f"--screenshot={shot}", "--window-size=1400,2400", page.as_uri()],
-        capture_output=True,
-        timeout=HANG_S,
+    rendered = _headless(
+        browser,
+        tmp_path / "profile",
+        f"--screenshot={shot}",
+        "--window-size=1400,2400",
+        page.as_uri(),
     )
     assert rendered.returncode == 0 and shot.stat().st_size > 10_000
+
+
+# Measures the laid-out page: each table's box, and the part of it left visible by the boxes
+# around it that clip their overflow (a table wider than its box scrolls inside it). Run on a
+# copy of the page only: the report itself has no script.
+LAYOUT_PROBE = """
+(function () {
+  function visible(el) {
+    var r = el.getBoundingClientRect();
+    var box = {left: r.left, top: r.top, right: r.right, bottom: r.bottom};
+    for (var p = el.parentElement; p; p = p.parentElement) {
+      if (getComputedStyle(p).overflowX !== "visible") {
+        var q = p.getBoundingClientRect();
+        box.left = Math.max(box.left, q.left);
+        box.right = Math.min(box.right, q.right);
+      }
+    }
+    return box;
+  }
+  var tables = Array.prototype.map.call(document.querySelectorAll("table"), function (t, i) {
+    var r = t.getBoundingClientRect();
+    var title = t.querySelector("caption") || t.querySelector("th");
+    return {name: "table " + i + " (" + title.textContent + ")", width: r.width,
+            visible: visible(t)};
+  });
+  var out = document.createElement("pre");
+  out.id = "layout-probe";
+  out.textContent = JSON.stringify({viewport: document.documentElement.clientWidth,
+                                    page: document.documentElement.scrollWidth,
+                                    tables: tables});
+  document.body.appendChild(out);
+})();
+"""
+
+
+def _layout(browser: str, page: Path, width: int, tmp_path: Path) -> dict:
+    probe = tmp_path / f"probe-{width}.html"
+    text = page.read_text(encoding="utf-8")
+    probe.write_text(text.replace("</body>", f"<script>{LAYOUT_PROBE}</script></body>"))
+    dom = _headless(
+        browser,
+        tmp_path / f"profile-{width}",
+        f"--window-size={width},2000",
+        "--dump-dom",
+        probe.as_uri(),
+    )
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    found = re.search(r'<pre id="layout-probe">(.*?)</pre>', dom.stdout, re.S)
+    assert found, "the layout probe did not run"
+    return json.loads(unescape(found.group(1)))
+
+
+def _overlapping(tables: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of tables whose visible boxes share more than a pixel's width and height."""
+    pairs = []
+    for i, a in enumerate(tables):
+        for b in tables[i + 1 :]:
+            va, vb = a["visible"], b["visible"]
+            w = min(va["right"], vb["right"]) - max(va["left"], vb["left"])
+            h = min(va["bottom"], vb["bottom"]) - max(va["top"], vb["top"])
+            if w > 1 and h > 1:
+                pairs.append((a["name"], b["name"]))
+    return pairs
+
+
+@pytest.mark.parametrize("width", [1400, 1920, 760])
+def test_three_runs_tables_never_overlap_in_a_browser(runs, tmp_path, width):
+    """Three runs make every detail table six columns wide (a metric, three values, two
+    changes); with folder names as long as people give them, two such tables side by side are
+    wider than the page, and in a fixed grid they ran into each other at 1400 and 1920 px.
+    Measured in headless Chromium: at 1400 and 1920 px no table overlaps another, each is shown
+    whole, and the page does not scroll sideways; at 760 px the wide tables scroll inside their
+    own box instead, still without overlapping."""
+    browser = _browser()
+    folders = []
+    for name, label in (
+        ("ep8", "decode-ep8-reference-store"),
+        ("ep16-store", "decode-ep16-3fs-store"),
+        ("ep8-2x", "decode-ep8-twice-the-load"),
+    ):
+        folders.append(tmp_path / label)
+        shutil.copytree(runs[name], folders[-1])
+    page = render_report(folders, tmp_path / "three.html")
+    layout = _layout(browser, page, width, tmp_path)
+    tables = layout["tables"]
+    assert len(tables) > 10  # the three SLO tables, cost, every detail section, runs
+    assert _overlapping(tables) == []
+    assert layout["page"] <= layout["viewport"], "the page scrolls sideways"
+    if width >= 1400:
+        clipped = [
+            t["name"]
+            for t in tables
+            if t["visible"]["right"] - t["visible"]["left"] < t["width"] - 1
+        ]
+        assert clipped == []
