@@ -19,6 +19,7 @@ from .cli_common import (
     Progress,
     UserErrorGroup,
     console,
+    default_out,
     overrides_option,
     writable_dir,
     writable_file,
@@ -62,6 +63,31 @@ def _load_lines(load: dict[str, Any]) -> list[str]:
     return lines
 
 
+REJECTED_BECAUSE = {
+    "context_too_long": "prompt + output longer than the model's context window",
+    "kv_capacity": "needs more KV than one decode rank holds",
+    "no_vision_encoder": "has images, and pools.vision has no instance",
+    "no_decode_rank": "every decode rank was down, none to be repaired",
+    "queue_time": "policies.admission: predicted wait before prefill over its limit",
+    "queue_length": "policies.admission: max_queued prompts already waiting",
+}
+"""What each ``requests.rejected_by_reason`` key means (sim/core/requests.py RejectReason)."""
+
+
+def _rejected_lines(req: dict[str, Any]) -> list[str]:
+    """Why requests were rejected, one line per reason with its count: a run that rejects
+    everything says so, and why, on the terminal."""
+    reasons = req.get("rejected_by_reason") or {}
+    lines = []
+    for i, (reason, n) in enumerate(sorted(reasons.items(), key=lambda kv: -kv[1])):
+        share = f"{100 * n / req['arrived']:.1f} %" if req.get("arrived") else "-"
+        lines.append(
+            f"{'rejected' if i == 0 else '':<10} {n:,} ({share} of arrived) {reason}: "
+            + REJECTED_BECAUSE.get(reason, "")
+        )
+    return lines
+
+
 def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
     from rich.table import Table
 
@@ -89,6 +115,7 @@ def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
     lines = [
         f"requests   arrived {req['arrived']:,}  completed {req['completed']:,}  "
         f"rejected {req['rejected']:,}  in flight {req['in_flight']:,}",
+        *_rejected_lines(req),
         f"throughput {_fmt(thr['request_per_s'])} req/s  input {_fmt(thr['input_tok_per_s'])} tok/s"
         f"  output {_fmt(thr['output_tok_per_s'])} tok/s  over {_fmt(thr['duration_s'])} s",
         f"goodput    {_fmt(s['goodput']['request_per_s'])} req/s "
@@ -150,11 +177,12 @@ def run(
 ) -> None:
     """Simulate CONFIG (a scenario YAML path or a bundled name such as `default`)."""
     from .scenario import dump_scenario, load_scenario
+    from .sim.results.files import OutputError
     from .sim.results.result import write_run_error, write_text
     from .sim.run import simulate
 
     sc = load_scenario(config, list(overrides))
-    out = writable_dir(Path(out_dir) if out_dir else Path("runs") / sc.name)
+    out = writable_dir(Path(out_dir) if out_dir else default_out(sc.name))
     if timeline_file:
         writable_file(timeline_file, "--timeline")
     enabled = sc.sim.progress and not quiet if progress_opt is None else progress_opt
@@ -176,7 +204,12 @@ def run(
         raise
     finally:
         progress.stop()
-    result.write(out, plots=not no_plots)
+    try:
+        result.write(out, plots=not no_plots)
+    except OutputError:  # a full disk, say: the run's numbers still reach the terminal
+        if not quiet:
+            print_summary(result.summary, None)
+        raise
     if not quiet:
         print_summary(result.summary, out)
     if trace is not None and timeline_file:
@@ -338,48 +371,86 @@ def plan(
     group, decode EP); for each, bisection on load finds the rate one unit sustains, then
     replicas cover the target rate. See docs/planner.md.
     """
+    from .planner.plan import Snapshot
     from .planner.plan import plan as run_plan
     from .planner.plan_report import print_plan, write_plan
-    from .scenario import load_scenario
+    from .sim.results.files import copy_folder, write_text
 
-    sc = load_scenario(config, list(overrides))
-    if what_ifs:
-        load_scenario(config, [*overrides, *what_ifs])  # a bad what-if fails before any run
-    out = writable_dir(Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-plan")
+    # the file is read once, here: every shape and probe, in every worker, is cut from this
+    # snapshot, so editing the file while the plan runs changes nothing in it
+    snap = Snapshot.of(config, overrides)
+    changed_snap = snap.derive(what_ifs) if what_ifs else None  # a bad what-if fails here
+    out = writable_dir(Path(out_dir) if out_dir else default_out(snap.scenario().name, "-plan"))
     con = console()
 
-    def run(over: list[str], where: str):
-        return run_plan(
-            config, over, workers, _plan_progress(con), str(out / where), executor, ray_address
-        )
+    def run(snapshot: Snapshot, folder: str):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        write_text(out / folder / "config.resolved.yaml", snapshot.text)  # what it planned
+        runs_dir = str(out / folder / "runs")
+        return run_plan(snapshot, (), workers, _plan_progress(con), runs_dir, executor, ray_address)
 
-    base = run(list(overrides), "plan/runs")
+    plans = [("plan", run(snap, "plan"))]
+    base = plans[0][1]
+    print_plan(con, base, "plan")  # on the terminal before any file: a full disk loses no answer
+    _say_resumed(con, base, out / "plan" / "probes")
     write_plan(base, out / "plan")
-    print_plan(con, base, "plan")
     runs = []
     if base.best is not None:
-        import shutil
-
-        shutil.copytree(base.best.run_dir, out / "recommended", dirs_exist_ok=True)
+        copy_folder(base.best.run_dir, out / "recommended")
         runs.append(str(out / "recommended"))
-    if what_ifs:
-        changed = run([*overrides, *what_ifs], "what_if/runs")
-        write_plan(changed, out / "what_if", base)
+    if changed_snap is not None:
+        changed = run(changed_snap, "what_if")
+        plans.append(("what if", changed))
         print_plan(con, changed, "what if " + ", ".join(what_ifs), base)
+        _say_resumed(con, changed, out / "what_if" / "probes")
+        write_plan(changed, out / "what_if", base)
         runs += [changed.best.run_dir] if changed.best else []
     con.print(f"results in {out}")
     if runs:
         con.print("report: deepinfer-sim report " + " ".join(runs))
+    _exit_if_incomplete(plans)
+
+
+def _say_resumed(con: Any, plan: Any, probes: Path) -> None:
+    found, total = plan.from_log()
+    if found:
+        con.print(
+            f"resumed: {found:,} of {total:,} simulations found done in {probes}, "
+            f"{total - found:,} run now"
+        )
+
+
+def _exit_if_incomplete(plans: list[tuple[str, Any]]) -> None:
+    """A search with a failed shape is incomplete: each failure on stderr, then exit 1 (as
+    ``sweep grid`` does for a failed point), or 2 with one ``error:`` line when a shape could
+    not write its results (a full disk: an environment problem, not the shape's)."""
+    from .planner.plan import OUTPUT_ERROR
+
+    failed = [(title, r) for title, p in plans for r in p.failed()]
+    if not failed:
+        return
+    for title, r in failed:
+        where = "" if title == "plan" else f" ({title})"
+        click.echo(f"failed {r.shape.label}{where}: {r.error}", err=True)
+    unwritten = [r for _, r in failed if r.error.startswith(OUTPUT_ERROR)]
+    if unwritten:
+        click.echo(f"error: {unwritten[0].error.removeprefix(OUTPUT_ERROR)}", err=True)
+        raise click.exceptions.Exit(2)
+    click.echo(f"the search is incomplete: {len(failed)} shapes failed", err=True)
+    raise click.exceptions.Exit(1)
 
 
 def _plan_progress(con: Any) -> Callable[[Any], None]:
     def show(r: Any) -> None:
+        sims = r.from_log + r.simulated
+        logged = f" ({r.from_log} of {sims} simulations from the log)" if r.from_log else ""
         if r.status == "pruned":
             con.print(f"  {r.shape.label}: pruned (bound {r.bound_rps:.1f} req/s)")
+        elif r.status == "error":
+            con.print(f"  {r.shape.label}: error{logged} — {r.error}")
         else:
             con.print(
-                f"  {r.shape.label}: {r.status}, sustains {r.sustainable_rps:.1f} req/s"
-                + (f" — {r.error}" if r.error else "")
+                f"  {r.shape.label}: {r.status}, sustains {r.sustainable_rps:.1f} req/s{logged}"
             )
 
     return show
@@ -441,12 +512,12 @@ def sweep_ttl(
     from .traces.workload import build_source
 
     sc = load_scenario(config, list(overrides))
+    out = Path(out_dir) if out_dir else default_out(sc.name, "-ttl")
     source = build_source(sc.workload, sc.seed)
     if not len(source):
         raise click.UsageError(f"{config}: the workload has no requests")
     caps = [tb * 1e12 / block_bytes(sc, source) for tb in capacities] or None
     _, frame = ttl_report(sc, source, ttls or DEFAULT_TTLS_S, caps, gpus)
-    out = Path(out_dir) if out_dir else Path("runs") / f"{sc.name}-ttl"
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "ttl_sweep.csv", index=False)
     if not no_plots:

@@ -1,10 +1,13 @@
 """Pieces every command module of the CLI shares: the UserError → one ``error:`` line + exit 2
 handling (as a group class and as a decorator for commands that stand alone), ConfigWarning →
-one ``warning:`` line, the ``--set`` option and the rich console."""
+one ``warning:`` line, the ``--set`` option, the default output folder, the rich console and
+the progress line."""
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .errors import ConfigWarning, UserError
+from .errors import ConfigError, ConfigWarning, UserError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -30,7 +33,7 @@ class UserErrorGroup(click.Group):
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
         except OSError as exc:
-            if exc.filename is None:  # not about a path the user named: a bug, show it
+            if not is_environment_error(exc):  # not about a path or the disk: a bug, show it
                 raise
             click.echo(f"error: {path_error(exc)}", err=True)
             ctx.exit(2)
@@ -69,17 +72,47 @@ def user_errors(f: F) -> F:
         except UserError as exc:
             raise _CliError(" ".join(str(exc).split())) from None
         except OSError as exc:
-            if exc.filename is None:
+            if not is_environment_error(exc):
                 raise
             raise _CliError(path_error(exc)) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+_FULL = tuple(c for c in (errno.ENOSPC, getattr(errno, "EDQUOT", None)) if c is not None)
+
+
+def is_environment_error(exc: OSError) -> bool:
+    """An OSError about a path the user named, or a full disk (which a library may raise
+    without a file name: pyarrow does), is the environment's, not a bug."""
+    return exc.filename is not None or exc.errno in _FULL
+
+
 def path_error(exc: OSError) -> str:
     """``PermissionError(13, ..., "out/x.json")`` -> ``"out/x.json: Permission denied"``: the
-    last line of defence for a path the user named that cannot be read or written."""
+    last line of defence for a path the user named that cannot be read or written (or a disk
+    that filled, where the library did not say which file)."""
+    if exc.filename is None:
+        return f"cannot write: {os.strerror(exc.errno or 0)} (free space on the output disk)"
     return f"{exc.filename}: {exc.strerror or exc}"
+
+
+OUTPUT_ROOT = "runs"
+
+
+def default_out(name: str, suffix: str = "") -> Path:
+    """``runs/<name><suffix>``: a command's output folder when no ``--out`` is given. A
+    scenario ``name`` that would put it anywhere but inside ``runs/`` (``../x``, ``/etc``, or
+    ``runs/`` itself) is a ConfigError naming the key, before anything is written."""
+    folder = f"{name}{suffix}"
+    norm = os.path.normpath(os.path.join(OUTPUT_ROOT, folder))
+    if os.path.isabs(folder) or not norm.startswith(OUTPUT_ROOT + os.sep):
+        raise ConfigError(
+            "name",
+            f"{name!r} would put the default output folder outside {OUTPUT_ROOT}/ (at {norm}): "
+            "a scenario name becomes a folder name under it; rename the scenario or give --out",
+        )
+    return Path(norm)
 
 
 def writable_dir(path: str | Path, what: str = "--out") -> Path:
@@ -111,11 +144,15 @@ def writable_file(path: str | Path, what: str = "--out") -> Path:
 
 
 def write_text(path: str | Path, text: str, what: str = "--out") -> None:
-    """Write ``text`` to ``path``; failing is one UserError naming the option and the path."""
+    """Write ``text`` to ``path`` atomically; failing is one UserError naming the option, the
+    path and (a full disk) the space it needs."""
+    from .sim.results.files import OutputError
+    from .sim.results.files import write_text as write
+
     try:
-        Path(path).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
+        write(path, text)
+    except OutputError as exc:
+        raise UserError(f"{what} {exc}") from None
 
 
 def overrides_option(help_text: str) -> Callable[[F], F]:
@@ -141,16 +178,19 @@ def console(stderr: bool = False):
 
 
 class Progress:
-    """A run's progress: a live bar on a terminal, else one plain line to stderr at most every
-    ``every_s`` wall seconds (a long run in a pipe or a batch job is never silent)."""
+    """A run's progress: a live bar on a terminal, else one plain line to stderr, the first
+    ``first_s`` wall seconds in (default 5 s, or ``every_s`` if that is sooner: a long run shows
+    it started), then at most every ``every_s`` (a run in a pipe or a batch job is never silent
+    for long). Lines come when the simulator reports (sim/run.py: every 1/50 of the arrival
+    span), so no more often than that."""
 
-    def __init__(self, enabled: bool, every_s: float = 30.0) -> None:
+    def __init__(self, enabled: bool, every_s: float = 30.0, first_s: float = 5.0) -> None:
         import sys
         import time
 
         self._clock = time.monotonic
         self._start = self._clock()
-        self._last = self._start
+        self._due = self._start + min(first_s, every_s)
         self._every = every_s
         self._bar: Any = None
         self.enabled = enabled
@@ -166,8 +206,8 @@ class Progress:
             self._bar.update(self._task, completed=ended, total=total, description=f"t={now:,.0f}s")
             return
         wall = self._clock()
-        if wall - self._last >= self._every:
-            self._last = wall
+        if wall >= self._due:
+            self._due = wall + self._every
             click.echo(
                 f"progress: {now:,.0f} simulated s, {ended:,} of {total:,} requests ended, "
                 f"{wall - self._start:,.0f} s wall",

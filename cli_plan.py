@@ -12,7 +12,14 @@ from typing import Any
 
 import click
 
-from .cli_common import overrides_option, user_errors, writable_dir, writable_file
+from .cli_common import (
+    console,
+    default_out,
+    overrides_option,
+    user_errors,
+    writable_dir,
+    writable_file,
+)
 from .errors import UserError
 
 _sweep_overrides = overrides_option(
@@ -89,7 +96,7 @@ def sweep_grid(
     points = load_grid(grid_file, config, list(overrides))
     if out_dir is None:
         name = load_scenario(config, list(overrides)).name
-        out_dir = str(Path("runs") / f"{name}-{Path(grid_file).stem}")
+        out_dir = str(default_out(name, f"-{Path(grid_file).stem}"))
     writable_dir(out_dir)
     table = run_sweep(
         config,
@@ -141,7 +148,6 @@ def _cell(v: Any, unit: str = "") -> str:
 
 
 def _print_sweep(table: Any, keys: list[str], limit: int = 60) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     if table.empty:
@@ -163,7 +169,7 @@ def _print_sweep(table: Any, keys: list[str], limit: int = 60) -> None:
             str(row["status"]),
             *(_cell(row[c], unit) for c, _, unit in shown),
         )
-    con = Console(highlight=False)
+    con = console()  # piped: as wide as $COLUMNS or 240, never cut to rich's default 80
     con.print(t)
     if len(table) > limit:
         con.print(f"... {len(table) - limit} more rows in the table")

@@ -23,7 +23,18 @@ config reads those lines and simulates only the probes not there yet (an edited 
 
 A shape whose worker process dies (the out-of-memory killer) is evaluated again in a fresh
 worker ``retries`` times — its finished probes come from the log — then recorded ``error``
-with the exit status; the other shapes go on (planner/executors.py).
+with the exit status; the other shapes go on (planner/executors.py). Each shape counts the
+simulations it found done in the log (``from_log``), so a resumed plan can say so.
+
+One scenario for the whole search: the scenario file is read once, at the start, into a
+:class:`Snapshot` (the resolved scenario, ``--set`` applied); every shape, probe and operating
+point is cut from it, in the workers too, never from the file again. Editing the file while a
+plan runs changes nothing in that plan.
+
+A search with a failed shape (``error``: a crash, a dead worker, an output it could not write)
+is *incomplete*: :meth:`Plan.why` says so, names the failed shapes and whether one of them could
+have been cheaper than the recommendation (its cost at its rate bound), and the CLI exits 1, as
+``sweep grid`` does for a failed point.
 """
 
 from __future__ import annotations
@@ -39,13 +50,61 @@ from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
-from ..scenario import Scenario, dump_scenario, load_scenario
+import yaml
+
+from ..errors import ConfigError
+from ..scenario import (
+    Scenario,
+    apply_override,
+    dump_scenario,
+    load_scenario,
+    parse_override,
+    scenario_from_dict,
+    scenario_path,
+)
+from ..sim.results.files import OutputError, output_error
 from ..sim.results.report_numbers import MISS_ORDER, slo_checks
 from ..sim.run import simulate
 from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
 from .bounds import WorkloadStats, rate_bound
 from .executors import Failed, WorkerPool, ray_context
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A scenario as resolved once (file read, ``--set`` applied, every default filled in):
+    what a plan cuts every shape and probe from, in its workers too, so an edit of the file
+    during the plan changes nothing in it. Small and picklable (the YAML text)."""
+
+    text: str  # dump_scenario of the resolved scenario
+    base_dir: str  # the scenario file's folder: what relative model/hardware/profile names mean
+    source: str  # the scenario file, for messages
+
+    @classmethod
+    def of(cls, config: str | Path, overrides: Sequence[str] = ()) -> Snapshot:
+        """Read ``config`` (a path or a bundled name) with ``overrides``, once."""
+        path = scenario_path(config)
+        sc = load_scenario(config, list(overrides))
+        return cls(dump_scenario(sc), str(path.parent.resolve()), str(path))
+
+    def scenario(self, overrides: Sequence[str] = ()) -> Scenario:
+        """The snapshot with ``overrides`` (dotted ``KEY=VALUE``) applied, validated."""
+        data = yaml.safe_load(self.text)
+        for text in overrides:
+            key, value = parse_override(text)
+            apply_override(data, key, value)
+        try:
+            return scenario_from_dict(data, Path(self.base_dir))
+        except ConfigError as exc:  # named after the file it came from, not "<dict>"
+            text = str(exc)
+            if exc.source and text.startswith(f"{exc.source}: "):
+                text = text[len(exc.source) + 2 :]
+            raise ConfigError("", text, f"{self.source} (as read at the start)") from None
+
+    def derive(self, overrides: Sequence[str]) -> Snapshot:
+        """A snapshot of this one with ``overrides`` applied (a what-if)."""
+        return replace(self, text=dump_scenario(self.scenario(overrides)))
 
 
 @dataclass(frozen=True)
@@ -71,6 +130,10 @@ class Shape:
         return f"p{self.prefill_instances}x{self.prefill_ep}-d{self.decode_ep}"
 
 
+OUTPUT_ERROR = "cannot write its results: "
+"""How a shape's error starts when an output could not be written (not the shape's fault)."""
+
+
 @dataclass
 class ShapeResult:
     shape: Shape
@@ -89,6 +152,8 @@ class ShapeResult:
     revenue_per_gpu_hour_usd: float = math.nan
     error: str = ""
     run_dir: str = ""  # the operating point's run (summary, requests, time series)
+    from_log: int = 0  # simulations (probes, operating point) found done in the probe log
+    simulated: int = 0  # simulations run this time
 
     def row(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("shape", "probes")}
@@ -125,22 +190,27 @@ def unit_cost(sc: Scenario) -> tuple[int, float]:
 
 @dataclass(frozen=True)
 class ProbeBase:
-    """How to cut a probe of a given rate from the workload: its requests at rate scale 1."""
+    """How to cut a probe of a given rate from the workload: its requests at rate scale 1.
+    Every scenario comes from ``snapshot`` (``overrides``: the ``--set`` it already holds, kept
+    to say what the plan was asked)."""
 
     overrides: tuple[str, ...]
     requests: int  # of the workload without max_requests / repeat
     rate_rps: float  # its mean arrival rate at the scenario's rate_scale
+    snapshot: Snapshot
+
+    def shaped(self, shape: Shape) -> Scenario:
+        return self.snapshot.scenario(shape.overrides())
 
     def scenario(self, config: str, shape: Shape, rate: float) -> Scenario:
-        sc = load_scenario(config, [*self.overrides, *shape.overrides()])
+        sc = self.shaped(shape)
         need = max(sc.planner.probe_min_requests, math.ceil(rate * sc.planner.probe_seconds))
         if need <= self.requests:
             cut = [f"workload.max_requests={need}", "workload.repeat=1"]
         else:
             cut = [f"workload.repeat={math.ceil(need / self.requests)}"]
         scale = sc.workload.rate_scale * rate / self.rate_rps
-        over = [*self.overrides, *shape.overrides(), *cut, f"workload.rate_scale={scale}"]
-        return load_scenario(config, over)
+        return self.snapshot.scenario([*shape.overrides(), *cut, f"workload.rate_scale={scale}"])
 
 
 class ProbeLog:
@@ -176,12 +246,21 @@ class ProbeLog:
         self.done[(kind, key)] = rec
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps({**rec, "finished_at": datetime.now(UTC).isoformat()}) + "\n"
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("ab") as f:
+                end = f.tell()
+                try:
+                    f.write(line.encode())
+                    f.flush()
+                    os.fsync(f.fileno())
+                except OSError:  # no half line for the next one to be glued to
+                    with contextlib.suppress(OSError):
+                        f.truncate(end)
+                    raise
+        except OSError as exc:
+            raise output_error(self.path, exc, lambda: len(line.encode())) from None
 
 
 def evaluate_shape(
@@ -196,10 +275,15 @@ def evaluate_shape(
     """Bisection for one shape, then its operating point at the target (runs in a worker);
     the operating point's full results go to ``runs_dir/<shape slug>`` when given. Probes
     already in ``probes_file`` (a :class:`ProbeLog`) are read, not simulated; new ones are
-    appended as they finish."""
-    sc = load_scenario(config, [*base.overrides, *shape.overrides()])
-    gpus, usd_h = unit_cost(sc)
-    res = ShapeResult(shape, hi, gpus, usd_h)
+    appended as they finish. Every scenario comes from ``base.snapshot``, never from the file
+    ``config`` names (only messages use it)."""
+    res = ShapeResult(shape, hi, 0, math.nan)
+    try:
+        sc = base.shaped(shape)
+        res.unit_gpus, res.unit_usd_h = unit_cost(sc)
+    except Exception as exc:
+        res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
+        return res
     plan = sc.planner
     fails: list[str] = []
     log = ProbeLog(probes_file)
@@ -208,7 +292,10 @@ def evaluate_shape(
         probe_sc = base.scenario(config, shape, rate)
         key = ProbeLog.key(probe_sc)
         rec = log.get("probe", key)
-        if rec is None:
+        if rec is not None:
+            res.from_log += 1
+        else:
+            res.simulated += 1
             summary = simulate(probe_sc).summary
             why = slo_failure(summary, sc)
             rec = {
@@ -240,7 +327,10 @@ def evaluate_shape(
             op = None  # its run folder is elsewhere: simulate it again to have one here
         if op is not None and res.run_dir and not (Path(res.run_dir) / "summary.json").is_file():
             op = None
-        if op is None:
+        if op is not None:
+            res.from_log += 1
+        else:
+            res.simulated += 1
             result = simulate(op_sc)
             if res.run_dir:
                 result.write(res.run_dir, plots=False)
@@ -257,6 +347,8 @@ def evaluate_shape(
         res.tpot_p99_s = op["tpot_p99_s"]
         res.revenue_per_gpu_hour_usd = op["revenue_per_gpu_hour_usd"] or math.nan
         res.status = "feasible"
+    except OutputError as exc:  # a full disk, say: the environment's, the CLI exits 2
+        res.status, res.error = "error", f"{OUTPUT_ERROR}{exc}"
     except Exception as exc:  # a crashing shape is recorded, the plan goes on
         res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
     return res
@@ -287,14 +379,66 @@ class Plan:
                 best_ttft = r.ttft_p99_s
         return out
 
+    def lower_usd_h(self, r: ShapeResult) -> float:
+        """The least a deployment of ``r``'s shape can cost: enough replicas at its cost-model
+        rate bound, plus storage (what pruning compares)."""
+        if not r.bound_rps > 0 or not math.isfinite(r.unit_usd_h):
+            return 0.0
+        return math.ceil(self.target_rps / r.bound_rps) * r.unit_usd_h + self.storage_usd_h
+
+    def failed(self) -> list[ShapeResult]:
+        """Shapes whose search did not finish (an exception, a dead worker)."""
+        return [r for r in self.results if r.status == "error"]
+
+    @property
+    def complete(self) -> bool:
+        """Every shape was searched to the end (or pruned): no failed shape."""
+        return not self.failed()
+
+    def from_log(self) -> tuple[int, int]:
+        """(simulations found done in the probe logs, simulations in all): a resumed plan's."""
+        found = sum(r.from_log for r in self.results)
+        return found, found + sum(r.simulated for r in self.results)
+
     def why(self) -> str:
         ok = self.feasible()
+        failed = self.failed()
         if not ok:
+            if failed and len(failed) == len(self.results):
+                return (
+                    f"The search is incomplete: all {len(failed)} shapes failed, so nothing is "
+                    f"known about the SLOs (first error: {failed[0].error})."
+                )
+            if failed:
+                return (
+                    f"No shape that was searched met the SLOs at any load, but the search is "
+                    f"incomplete: {self._failed_text(failed)}."
+                )
             return "no shape met the SLOs at any load"
         best = ok[0]
-        text = (
-            f"{best.shape.label} × {best.replicas} is the cheapest deployment meeting the SLOs: "
-            f"${best.usd_h:,.0f}/h. One unit sustains {best.sustainable_rps:.1f} req/s "
+        if failed:
+            cheaper = [r for r in failed if self.lower_usd_h(r) < best.usd_h]
+            if cheaper:
+                text = (
+                    f"The search is incomplete: {self._failed_text(failed)}; "
+                    f"{len(cheaper)} of them could have been cheaper than "
+                    f"{best.shape.label} × {best.replicas}, the cheapest of the shapes searched "
+                    f"that meets the SLOs: ${best.usd_h:,.0f}/h."
+                )
+            else:
+                text = (
+                    f"The search is incomplete: {self._failed_text(failed)}; none of them could "
+                    f"have been cheaper (their cost-model bounds), so "
+                    f"{best.shape.label} × {best.replicas} is still the cheapest deployment "
+                    f"meeting the SLOs: ${best.usd_h:,.0f}/h."
+                )
+        else:
+            text = (
+                f"{best.shape.label} × {best.replicas} is the cheapest deployment meeting the "
+                f"SLOs: ${best.usd_h:,.0f}/h."
+            )
+        text += (
+            f" One unit sustains {best.sustainable_rps:.1f} req/s "
             f"(limited by {best.limited_by}); {best.replicas} replicas at "
             f"{self.target_rps / best.replicas:.1f} req/s each."
         )
@@ -309,14 +453,22 @@ class Plan:
             text += f" {pruned} shapes were pruned by their cost-model bound."
         return text
 
+    def _failed_text(self, failed: list[ShapeResult]) -> str:
+        labels = ", ".join(r.shape.label for r in failed)
+        return f"{len(failed)} of {len(self.results)} shapes failed ({labels})"
+
     def to_dict(self) -> dict[str, Any]:
         best = self.best
+        found, sims = self.from_log()
         return {
             "target_rps": self.target_rps,
             "storage_nodes": self.storage_nodes,
             "storage_usd_h": self.storage_usd_h,
+            "complete": self.complete,
             "recommended": best.row() if best else None,
             "why": self.why(),
+            "failed": {r.shape.label: r.error for r in self.failed()},
+            "simulations": {"from_log": found, "total": sims},
             "frontier": [r.shape.label for r in self.frontier()],
             "shapes": [r.row() for r in self.results],
             "probes": {r.shape.label: r.probes for r in self.results},
@@ -331,7 +483,7 @@ def candidate_shapes(sc: Scenario) -> list[Shape]:
 
 
 def plan(
-    config: str,
+    config: str | Path | Snapshot,
     overrides: Sequence[str] = (),
     workers: int = 1,
     progress: Callable[[ShapeResult], None] | None = None,
@@ -344,19 +496,29 @@ def plan(
     """Search the scenario's candidate shapes (see the module notes); ``executor="ray"`` runs
     each batch of ``workers`` shapes as Ray tasks (a local instance, or ``ray_address``).
 
+    ``config`` is a scenario file or bundled name, read once here into a :class:`Snapshot`
+    (with ``overrides``), or a Snapshot already taken (``overrides`` applied on top of it: a
+    what-if); nothing reads the file again.
+
     Each probe is appended to ``probes_dir/<shape slug>.jsonl`` as it finishes (default:
     ``probes/`` beside ``runs_dir``; nowhere when neither is given), and probes already there
     for the same resolved scenario are not simulated again: a re-run resumes. A shape whose
     worker dies is evaluated again ``retries`` times, then recorded ``error``."""
     if probes_dir is None and runs_dir is not None:
         probes_dir = str(Path(runs_dir).parent / "probes")
-    sc = load_scenario(config, list(overrides))
+    if isinstance(config, Snapshot):
+        snap = config.derive(overrides) if overrides else config
+    else:
+        snap = Snapshot.of(config, overrides)
+    sc = snap.scenario()
     source = build_source(sc.workload, sc.seed)
     stats = WorkloadStats.of(source)
     target = (sc.planner.target_rate_rps or stats.rate_rps) * sc.planner.traffic_scale
-    whole = load_scenario(config, [*overrides, "workload.repeat=1"])
+    whole = snap.scenario(["workload.repeat=1"])
     whole_source = build_source(whole.workload, whole.seed)
-    base = ProbeBase(tuple(overrides), len(whole_source), WorkloadStats.of(whole_source).rate_rps)
+    base = ProbeBase(
+        tuple(overrides), len(whole_source), WorkloadStats.of(whole_source).rate_rps, snap
+    )
     storage_nodes = 0
     if sc.pools.storage.nodes:
         _, frame = ttl_report(sc, source, [1.0])
@@ -366,7 +528,7 @@ def plan(
     storage_usd_h = storage_nodes * sc.prices.storage_node_hour_usd
     results = []
     for shape in candidate_shapes(sc):
-        shaped = load_scenario(config, [*overrides, *shape.overrides()])
+        shaped = base.shaped(shape)
         gpus, usd_h = unit_cost(shaped)
         bound = rate_bound(shaped, stats)
         results.append(ShapeResult(shape, bound, gpus, usd_h))
@@ -390,7 +552,7 @@ def plan(
                     continue
                 batch.append(r)
             args: list[tuple[Any, ...]]
-            args = [(config, base, r.shape, r.bound_rps, target, runs_dir) for r in batch]
+            args = [(snap.source, base, r.shape, r.bound_rps, target, runs_dir) for r in batch]
             if probes_dir is not None:  # (added only when set: test doubles take six arguments)
                 args = [
                     (*a, str(Path(probes_dir) / f"{r.shape.slug}.jsonl"))
@@ -409,6 +571,8 @@ def plan(
             else:
                 done = [evaluate_shape(*a) for a in args]
             for r, d in zip(batch, done, strict=True):
+                if d.status == "error" and not math.isfinite(d.unit_usd_h):
+                    d = replace(d, unit_gpus=r.unit_gpus, unit_usd_h=r.unit_usd_h)
                 idx = results.index(r)
                 results[idx] = d
                 if d.status == "feasible":

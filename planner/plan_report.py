@@ -41,17 +41,31 @@ def _finite(obj: Any) -> Any:
 
 
 def write_plan(plan: Plan, out: Path, base: Plan | None = None) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    """plan.json, shapes.csv and frontier.png, each atomically (never a 0-byte plan.json), in
+    that order; a failure is one OutputError saying what was written (sim/results/files.py)."""
+    from ..sim.results.files import Output, text_output, write_outputs
+
     doc = plan.to_dict()
     if base is not None:
         doc["delta"] = delta(plan, base)
-    (out / "plan.json").write_text(json.dumps(_finite(doc), indent=1) + "\n")
-    pd.DataFrame([r.row() for r in plan.results]).to_csv(out / "shapes.csv", index=False)
-    _plot_frontier(plan, out / "frontier.png")
+    shapes = pd.DataFrame([r.row() for r in plan.results]).to_csv(index=False)
+    write_outputs(
+        out,
+        [
+            text_output("plan.json", json.dumps(_finite(doc), indent=1) + "\n"),
+            text_output("shapes.csv", shapes),
+            Output("frontier.png", lambda p: _plot_frontier(plan, p), lambda: _plot_frontier(plan)),
+        ],
+    )
 
 
-def _plot_frontier(plan: Plan, path: Path) -> None:
+def _plot_frontier(plan: Plan, path: Path | None = None) -> int:
+    """The cost-vs-latency plot into ``path`` (atomically); without one, its size in bytes."""
+    import io
+
     import matplotlib
+
+    from ..sim.results.files import atomic_write
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -67,8 +81,15 @@ def _plot_frontier(plan: Plan, path: Path) -> None:
     title = f"deployments for {plan.target_rps:.1f} req/s (blue: Pareto frontier)"
     ax.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per hour", title=title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        if path is None:
+            buf = io.BytesIO()
+            fig.savefig(buf, dpi=110, format="png")
+            return buf.tell()
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        return path.stat().st_size
+    finally:
+        plt.close(fig)
 
 
 def print_plan(con: Any, plan: Plan, title: str, base: Plan | None = None) -> None:

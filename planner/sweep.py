@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import sys
 import time
@@ -50,6 +49,7 @@ import pandas as pd
 
 from ..errors import UserError
 from ..scenario import dump_scenario, load_scenario
+from ..sim.results.files import atomic_write, write_text
 from ..sim.run import simulate
 from .executors import Failed, WorkerPool, import_ray, ray_context
 from .grid import GridPoint, check_points
@@ -89,15 +89,6 @@ def flatten(obj: Mapping[str, Any], prefix: str = "", skip: Iterable[str] = ()) 
 
 def _one_line(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
-
-
-def _atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _fingerprint(scenario_yaml: str) -> str:
@@ -357,7 +348,7 @@ def run_sweep(
         pid = record["point_id"]
         record = {**record, **meta[pid], "finished_at": datetime.now(UTC).isoformat()}
         text = json.dumps(record, indent=1, sort_keys=False, default=str) + "\n"
-        _atomic_write(out / POINTS / f"{pid}.json", lambda p: p.write_text(text, "utf-8"))
+        write_text(out / POINTS / f"{pid}.json", text)
         ran.append(pid)
         counts["ok" if record["status"] == "ok" else "error"] += 1
         if bar is not None:
@@ -377,7 +368,7 @@ def run_sweep(
         for b in live:
             b.stop()
         table = build_table(grid, out)
-        _atomic_write(out / TABLE, lambda p: table.to_parquet(p, index=False))
+        atomic_write(out / TABLE, lambda p: table.to_parquet(p, index=False))
     table.attrs["ran"] = ran
     table.attrs["skipped"] = skipped
     return table

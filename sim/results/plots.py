@@ -1,10 +1,14 @@
 """PNG plots of one run: latency CDFs (with the SLOs as dashed lines), throughput, queue depths
-and busy fraction over time (downsampled, ``sim/results/downsample.py``)."""
+and busy fraction over time (downsampled, ``sim/results/downsample.py``). Drawing is apart from
+saving: :func:`figures` draws, :func:`write_plots` saves each PNG atomically, and
+:func:`plots_output` measures them in memory when a full disk asks what they need."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -13,9 +17,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .downsample import downsample
+from .files import Output, atomic_write
 
 if TYPE_CHECKING:
     from .result import Result
+
+_DPI = 110
 
 
 _CDF_POINTS = 4096
@@ -39,10 +46,47 @@ def _line(ax, ts, col: str, label: str) -> None:
 
 
 def write_plots(result: Result, folder: Path) -> list[Path]:
+    """Each figure as ``folder/<name>.png``, atomically (an :class:`~.files.OutputError` when
+    one cannot be written)."""
     folder.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for name, fig in figures(result):
+        try:
+            path = folder / name
+            save = lambda tmp, fig=fig: fig.savefig(tmp, dpi=_DPI, format="png")  # noqa: E731
+            atomic_write(path, save, _png(fig))
+            paths.append(path)
+        finally:
+            plt.close(fig)
+    return paths
+
+
+def _png(fig: Any) -> Any:
+    def size() -> int:
+        buf = io.BytesIO()
+        fig.savefig(buf, dpi=_DPI, format="png")
+        return buf.tell()
+
+    return size
+
+
+def plots_bytes(result: Result) -> int:
+    """The PNGs' bytes, drawn and saved in memory."""
+    total = 0
+    for _, fig in figures(result):
+        total += _png(fig)()
+        plt.close(fig)
+    return total
+
+
+def plots_output(result: Result) -> Output:
+    return Output("plots", lambda p: write_plots(result, p), lambda: plots_bytes(result))
+
+
+def figures(result: Result) -> Iterator[tuple[str, Any]]:
+    """``(file name, figure)`` for each plot; the caller saves and closes each figure."""
     req, ts = result.requests, result.timeseries
     slo = result.scenario.slo
-    paths: list[Path] = []
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, col, title, limit in zip(
@@ -67,9 +111,7 @@ def write_plots(result: Result, folder: Path) -> list[Path]:
         ax.legend(fontsize=8)
     fig.suptitle(f"{result.scenario.name}: latency CDFs")
     fig.tight_layout()
-    paths.append(folder / "latency_cdf.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    yield "latency_cdf.png", fig
 
     if not ts.empty:
         fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -92,7 +134,4 @@ def write_plots(result: Result, folder: Path) -> list[Path]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
-        paths.append(folder / "timeseries.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
+        yield "timeseries.png", fig

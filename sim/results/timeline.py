@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -611,13 +610,11 @@ def _assemble(
 
 
 def write_timeline(trace: dict[str, Any], path: str | Path) -> Path:
-    """Write compact JSON (atomically: a temporary name, then a rename)."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(trace, f, separators=(",", ":"), allow_nan=False)
-    os.replace(tmp, p)
-    return p
+    """Write compact JSON, atomically (sim/results/files.py: a failure, a full disk say, is one
+    OutputError naming the file and the space it needs, and leaves no temporary file)."""
+    from .files import write_json
+
+    return write_json(path, lambda f: json.dump(trace, f, separators=(",", ":"), allow_nan=False))
 
 
 def timeline_of_run_dir(
