@@ -91,12 +91,10 @@ def _comb_ratio(n: float, m: float, k: int) -> float:
         return 1.0
     if n - m < k:
         return 0.0
-    return math.exp(
-        math.lgamma(n - m + 1)
-        - math.lgamma(n - m - k + 1)
-        - math.lgamma(n + 1)
-        + math.lgamma(n - k + 1)
-    )
+    ratio = 1.0  # Γ(x + 1) / Γ(x − k + 1) = x(x − 1)…(x − k + 1), for x = n − m and x = n
+    for i in range(k):
+        ratio *= (n - m - i) / (n - i)
+    return ratio
 
 
 def routing_spread(model: ModelSpec, ep: int, domain_gpus: int) -> tuple[float, float, float]:

@@ -30,6 +30,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from .. import fpmath
 from ..validation import FrozenModel
 from .attention import AttentionCost, TermSum
 from .comm import AllToAll, AllToAllParams
@@ -336,20 +337,22 @@ class StepCost(ABC):
         (every DP rank computing n new tokens after p), fitted once by relative least squares
         over n 64..32,768 and p 0..262,144. The chunk scheduler solves it for n in closed form."""
         if getattr(self, "_quadratic", None) is None:
-            ns = np.geomspace(64, 32768, 10).round()
-            ps = np.concatenate([[0.0], np.geomspace(1024, 262144, 7)])
+            # whole token counts on geometric grids (powers of 2 for n; 1024·256^(i/6) for p)
+            ns = [64 << i for i in range(10)]
+            ps = [0] + [round(1024 * fpmath.power(256.0, i / 6)) for i in range(7)]
             rows, ts = [], []
             for n in ns:
                 for p in ps:
-                    rank = [(int(n), int(p))]
+                    rank = [(n, p)]
                     ts.append(self.prefill_step([rank] * self.shape.ep, imbalance))
-                    rows.append([1.0, n, n * p, n * n])
-            X, t = np.array(rows), np.array(ts)
-            from scipy.optimize import lsq_linear
-
-            scale = X.max(axis=0)
-            res = lsq_linear(X / scale / t[:, None], np.ones_like(t), bounds=(0, np.inf))
-            a, b, c, d = (float(v) for v in res.x / scale)
+                    rows.append([1.0, float(n), float(n * p), float(n * n)])
+            scale = [max(col) for col in zip(*rows, strict=True)]
+            scaled = [
+                [v / sc / t for v, sc in zip(row, scale, strict=True)]
+                for row, t in zip(rows, ts, strict=True)
+            ]
+            x = fpmath.nonnegative_least_squares(scaled, [1.0] * len(ts))
+            a, b, c, d = (v / sc for v, sc in zip(x, scale, strict=True))
             self._quadratic = (a, b, c, d)
         return self._quadratic
 
@@ -437,16 +440,6 @@ class RooflineStepCost(StepCost):
         self._m0 = model.dense_weight_bytes / bw
         self._m_batch = bytes_a / bw
         self._m_kv = bytes_b / bw
-        # packed form for the hot path: rows of coef @ [batch; kv; tokens; kv-weighted tokens]
-        # + offset are (compute, memory, tokens); see decode_step_packed
-        self._packed_coef = np.array(
-            [
-                [0.0, 0.0, self._c_batch, self._c_kv],
-                [self._m_batch, self._m_kv, 0.0, 0.0],
-                [0.0, 0.0, 1.0, 0.0],
-            ]
-        )
-        self._packed_offset = np.array([[0.0], [self._m0], [0.0]])
         self._a2a = AllToAll(model, hw, ep, step.all_to_all)
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
@@ -501,11 +494,14 @@ class RooflineStepCost(StepCost):
         return np.maximum(compute, memory + self._m0) + self._overhead["decode"]
 
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
-        # Hot path (once per decode step): one matrix product gives every rank's compute and
-        # memory time and its token count; one max per row picks the slowest and the busiest.
+        # Hot path (once per decode step): every rank's compute and memory time, the slowest
+        # of each and the busiest rank's tokens. Written out, not as a matrix product: BLAS
+        # kernels differ per CPU in their last bits (deepinfer_sim.fpmath).
         if self.shape.two_batch_overlap:
             load = load * 0.5
-        compute, memory, tokens_max = (self._packed_coef @ load + self._packed_offset).max(axis=1)
+        compute = (load[2] * self._c_batch + load[3] * self._c_kv).max()
+        memory = (load[0] * self._m_batch + load[1] * self._m_kv).max() + self._m0
+        tokens_max = load[2].max()
         dense_max = max(compute, memory) + self._overhead["decode"]
         moe, comm = self.experts_and_exchange(
             float(tokens_max), float(load[2].sum()), imbalance, "decode"

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import fpmath
 from ..errors import ConfigError
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
@@ -239,7 +240,7 @@ class ProfileStepCost(StepCost):
         a, e, f, tile, k = self._moe_fit[phase]
         pairs = tokens_per_rank * self._top_k
         E = self._moe_experts
-        active = E * (1.0 - math.exp(-pairs / E))
+        active = E * (1.0 - fpmath.exp(-pairs / E))
         rows = pairs if tile == 1 else tile * active * math.ceil(pairs / (active * tile))
         if k == 1.0:  # the additive form, exactly as before k existed
             per_layer = a + self._moe_host[phase] + e * active + f * rows
@@ -247,5 +248,9 @@ class ProfileStepCost(StepCost):
         # (w^k + g^k)^(1/k) as m·((w/m)^k + (g/m)^k)^(1/k), like calibration.fit.smooth_sum
         w, g = e * active, f * rows
         m = w if w > g else g
-        both = m * ((w / m) ** k + (g / m) ** k) ** (1.0 / k) if m > 0 else 0.0
+        both = (
+            m * fpmath.power(fpmath.power(w / m, k) + fpmath.power(g / m, k), 1.0 / k)
+            if m > 0
+            else 0.0
+        )
         return (a + self._moe_host[phase] + both) * self._moe_layers[phase]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...rng import exponential
 from ..stages.kvstore import KvStore
 from .cluster import Cluster
 
@@ -54,7 +55,7 @@ def start_random_storage_failures(
 
     def life(node: int):
         while True:
-            up, down = float(rng.exponential(mtbf_s)), float(rng.exponential(mttr_s))
+            up, down = (float(v) for v in exponential(rng, 1.0, 2) * (mtbf_s, mttr_s))
             yield from storage_node_fail(cl, kv, node, up, down)
 
     for node in range(nodes):

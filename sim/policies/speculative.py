@@ -29,16 +29,17 @@ sequences, from the group's own seeded stream (the chain and the policy draw fro
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from ... import fpmath
 from ...errors import ConfigError
 from ...models.draft import DraftCost
 from ...models.spec import ModelSpec
+from ...rng import beta, normal
 from ...scenario import Speculative
 
 HIST_BINS = 256
@@ -68,7 +69,9 @@ class DraftChain:
     ) -> None:
         self.classes = classes
         self.rng = rng
-        self.decay = np.array([[c.position_decay**j for j in range(depth)] for c in classes])
+        self.decay = np.array(
+            [[fpmath.ipow(c.position_decay, j) for j in range(depth)] for c in classes]
+        )
         self.alpha = np.zeros(capacity)
         self.cls = np.zeros(capacity, dtype=np.int64)
         # per slot, fixed for the request's life (position-major: rows are draft positions, so
@@ -81,7 +84,7 @@ class DraftChain:
         c = self.classes[traffic_class]
         a = c.mean * c.concentration
         b = (1.0 - c.mean) * c.concentration
-        alpha = self.rng.beta(a, b)
+        alpha = beta(self.rng, a, b)
         self.alpha[slot] = alpha
         self.cls[slot] = traffic_class
         q = [min(1.0, max(0.0, alpha * d)) for d in self.decay[traffic_class].tolist()]
@@ -90,7 +93,7 @@ class DraftChain:
             s *= qj
             self.survival[j, slot] = s
             qc = min(1 - 1e-6, max(1e-6, qj))
-            self.logit[j, slot] = math.log(qc / (1.0 - qc))
+            self.logit[j, slot] = fpmath.log(qc / (1.0 - qc))
 
     def accept(self, live: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Tokens each slot emits when it verifies ``v`` drafts: its leading accepted ones, plus
@@ -190,10 +193,10 @@ class DSpark:
     def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
         hw = v.size
         # Hot path (once per step): logistic(logit(q) + noise) over the group's drafts.
-        noise = self.rng.standard_normal((self.depth, hw))
+        noise = normal(self.rng, (self.depth, hw))
         noise *= -self.sigma
         noise -= chain.logit[:, :hw]
-        np.exp(noise, out=noise)
+        noise = fpmath.exp(noise)
         noise += 1.0
         conf = np.reciprocal(noise, out=noise)
         use = conf

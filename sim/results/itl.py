@@ -39,7 +39,7 @@ def range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     if lo.size == 0:
         return np.zeros(0)
     span = hi - lo + 1
-    j = np.floor(np.log2(span)).astype(np.int64)
+    j = np.frexp(span.astype(np.float64))[1].astype(np.int64) - 1  # floor(log2), exactly
     out = np.empty(lo.size)
     level = values
     for depth in range(int(j.max()) + 1):

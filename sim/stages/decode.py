@@ -238,7 +238,7 @@ class DecodeGroup(StepLoop):
             return 0.0
         if self.classes == 1:
             per_class = np.array([[tokens.sum()]])
-            sq = np.array([[tokens @ tokens]])
+            sq = np.array([[(tokens * tokens).sum()]])
         else:
             cls = self.s_cls[: self.hw]
             per_class = np.bincount(cls, weights=tokens, minlength=self.classes)[:, None]

@@ -28,8 +28,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ... import fpmath
 from ...models.spec import ModelSpec
-from ...rng import stream
+from ...rng import log_dirichlet, normal, stream
 from ...scenario import ExpertLoad
 
 
@@ -46,18 +47,18 @@ class ExpertLoadModel:
         self.hashed[: min(moe.hash_routed_layers, self.layers)] = True
         # a request's routing bias: Var[share] = (Σ s²p − (Σ s p)²)·het (0 for hash routing)
         self.het = np.where(self.hashed, 0.0, 1.0 / (cfg.request_concentration + 1.0))
-        log_base = np.log(self._base(stream(seed, "experts/base")))
+        log_base = fpmath.log(self._base(stream(seed, "experts/base")))
         tilts = []
         for name in class_names:
-            g = stream(seed, f"experts/class/{name}").standard_normal(log_base.shape)
+            g = normal(stream(seed, f"experts/class/{name}"), log_base.shape)
             tilts.append(log_base + cfg.class_sigma * g)
         self.log_class = np.stack(tilts)  # (C, L, E)
         self.log_class[:, self.hashed, :] = 0.0
         self._drift_rng = stream(seed, "experts/drift")
         self._stationary_sd = cfg.drift_sigma * np.sqrt(cfg.drift_reversion_s / 2.0)
-        self.x = self._stationary_sd * self._drift_rng.standard_normal(log_base.shape)
+        self.x = self._stationary_sd * normal(self._drift_rng, log_base.shape)
         self.x[self.hashed] = 0.0
-        decay = np.exp(-cfg.drift_update_s / cfg.drift_reversion_s)
+        decay = fpmath.exp(-cfg.drift_update_s / cfg.drift_reversion_s)
         self._decay = decay
         self._innovation_sd = self._stationary_sd * np.sqrt(1.0 - decay * decay)
         self.t_grid = 0.0  # simulated time the popularity below belongs to
@@ -72,11 +73,11 @@ class ExpertLoadModel:
         layers, experts = self.layers, self.experts
         cfg = self.cfg
         if cfg.family == "zipf":
-            ranks = np.arange(1, experts + 1, dtype=np.float64) ** -cfg.skew
+            ranks = fpmath.power(np.arange(1, experts + 1, dtype=np.float64), -cfg.skew)
             base = np.stack([rng.permutation(ranks) for _ in range(layers)])
         else:
-            base = rng.dirichlet(np.full(experts, cfg.skew), size=layers)
-            base = np.maximum(base, 1e-12)  # tiny alphas underflow to exact zeros
+            base = fpmath.exp(log_dirichlet(rng, np.full(experts, cfg.skew), layers))
+            base = np.maximum(base, 1e-12)  # tiny alphas give components below any float
         base[self.hashed] = 1.0
         return base / base.sum(axis=1, keepdims=True)
 
@@ -89,7 +90,7 @@ class ExpertLoadModel:
         keeps the (L, E) state of its steps and rebuilds their (C, L, E) popularity, exactly)."""
         logits = self.log_class + x
         logits -= logits.max(axis=2, keepdims=True)
-        p = np.exp(logits)
+        p = fpmath.exp(logits)
         p /= p.sum(axis=2, keepdims=True)
         return p
 
@@ -100,7 +101,7 @@ class ExpertLoadModel:
         while self.t_grid + step <= now:
             self.t_grid += step
             if self._innovation_sd > 0:
-                z = self._drift_rng.standard_normal(self.x.shape)
+                z = normal(self._drift_rng, self.x.shape)
                 self.x = self._decay * self.x + self._innovation_sd * z
                 self.x[self.hashed] = 0.0
                 moved = True
@@ -118,7 +119,7 @@ class SlotWeights:
     over layers) the index of its expert in a flattened (L, E) popularity, and 1/rep, 1/rep²
     (zero for an empty slot)."""
 
-    __slots__ = ("flat", "ones", "ranks", "w1", "w2")
+    __slots__ = ("flat", "ranks", "w1", "w2")
 
     def __init__(self, phy2log: np.ndarray, replicas: np.ndarray, ranks: int) -> None:
         layers, experts = replicas.shape
@@ -130,7 +131,6 @@ class SlotWeights:
         self.w1 = np.where(empty, 0.0, 1.0 / rep)  # (L, S)
         self.w2 = self.w1 * self.w1
         self.ranks = ranks
-        self.ones = np.ones(phy2log.shape[1] // ranks)
 
 
 def rank_moments(
@@ -156,9 +156,7 @@ def slot_moments(
     c, layers, _ = pop.shape
     per_slot = np.take(pop.reshape(c, -1), slots.flat, axis=1).reshape(c, layers, -1)  # (C, L, S)
     shape = (c, layers, slots.ranks, -1)
-    ones = slots.ones
-    # summing a short last axis is faster as a matmul with ones than as .sum(axis=-1)
-    share = (per_slot * slots.w1).reshape(shape) @ ones
-    q2 = (per_slot * slots.w2).reshape(shape) @ ones
+    share = (per_slot * slots.w1).reshape(shape).sum(axis=-1)
+    q2 = (per_slot * slots.w2).reshape(shape).sum(axis=-1)
     bias = np.maximum(q2 - share * share, 0.0) * het[None, :, None]
     return share, q2, bias

@@ -28,6 +28,7 @@ import numpy as np
 
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
+from ...rng import normal
 from ...scenario import EplbPool
 from ..policies.eplb import Placement, make_expert_placement, moved_experts, static_placement
 from .expert_load import ExpertLoadModel, SlotWeights, slot_moments
@@ -161,7 +162,7 @@ class GroupExperts:
             h = (sq_tokens[:, sets] * (k * k))[:, :, None]
             mean = (t * share).sum(axis=0)
             var = (t * q2 + h * bias).sum(axis=0)
-        z = self.rng.standard_normal(mean.shape)
+        z = normal(self.rng, mean.shape)
         loads = np.sqrt(var, out=var)  # the (L, R) loads, built in place
         loads *= z
         loads += mean
@@ -189,10 +190,10 @@ class GroupExperts:
             pop = load.pop if x is load.x else load.popularity_of(x)
             t = tok[:, sets] * k
             h = sq[:, sets] * (k * k)
-            mean += np.einsum("cl,cle->le", t, pop)
-            bias_var += np.einsum("cl,cle->le", h, pop * (1.0 - pop))
+            mean += (t[:, :, None] * pop).sum(axis=0)
+            bias_var += (h[:, :, None] * (pop * (1.0 - pop))).sum(axis=0)
         var = mean + bias_var * load.het[:, None]
-        return np.maximum(mean + np.sqrt(var) * self.rng.standard_normal(mean.shape), 0.0)
+        return np.maximum(mean + np.sqrt(var) * normal(self.rng, mean.shape), 0.0)
 
     def _rebalance(self) -> float:
         s = self.shape

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...rng import exponential
 from ...scenario import StoragePool
 
 
@@ -102,7 +103,7 @@ class StorageNodes:
         """``n`` exponential node latencies, drawn from the stream in blocks."""
         if self._next + n > len(self._drawn):
             rest = self._drawn[self._next :]
-            self._drawn = rest + self.rng.exponential(self.latency_s, 4096).tolist()
+            self._drawn = rest + exponential(self.rng, self.latency_s, 4096).tolist()
             self._next = 0
         out = self._drawn[self._next : self._next + n]
         self._next += n

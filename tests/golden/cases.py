@@ -3,6 +3,10 @@
 Each case runs a scenario and keeps its summary (less the wall time) and a hash of every
 per-request and time-series value. ``python tests/golden/cases.py --update`` rewrites
 ``golden.json`` — on purpose only, when a change of results is intended and stated in its commit.
+
+The hashes are exact, and hold on any x86-64 machine: the simulator's arithmetic does not depend
+on the CPU (deepinfer_sim.fpmath; tests/integration/test_portability.py runs ``mixed-small`` and
+``azure-b200-2k`` with numpy's SIMD targets, glibc's FMA paths and OpenBLAS's kernels switched).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
         ],
     ),
     "azure-b200-2k": ("azure-conv-b200", ["workload.max_requests=2000"]),
+    "mixed-small": ("mixed", ["workload.sessions.days=0.02"]),
 }
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from ...rng import stream
+from ...rng import exponential, gamma, stream, weibull
 from ...validation import FrozenModel
 from ..readers._common import _lengths_only
 from ..source import RequestSource
@@ -155,11 +155,11 @@ def read_servegen(
             continue
         n_max = int(rate * 600 * 3) + 16
         if dist == "Gamma" and a > 0 and b > 0:
-            gaps = rng.gamma(a, b, n_max)
+            gaps = gamma(rng, a, b, n_max)
         elif dist == "Weibull" and a > 0 and b > 0:
-            gaps = b * rng.weibull(a, n_max)
+            gaps = b * weibull(rng, a, n_max)
         else:
-            gaps = rng.exponential(1.0 / rate, n_max)
+            gaps = exponential(rng, 1.0 / rate, n_max)
         t = start + np.cumsum(gaps)
         t = t[t < start + 600.0]
         at = max((w for w in windows if w <= start), default=windows[0])

@@ -61,7 +61,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field, model_validator
 
-from deepinfer_sim.rng import stream
+from deepinfer_sim import fpmath
+from deepinfer_sim.rng import normal, stream
 from deepinfer_sim.traces.source import RequestSource
 from deepinfer_sim.validation import FrozenModel
 
@@ -109,11 +110,11 @@ class LogNormalMix(FrozenModel):
 
     def sample(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.float64]:
         """``n`` draws (floats). Draws ``n`` normals, plus ``n`` uniforms when mixed."""
-        z = rng.standard_normal(n)
-        x = self.median * np.exp(self.sigma * z)
+        z = normal(rng, n)
+        x = self.median * fpmath.exp(self.sigma * z)
         if self.mix_prob > 0:
             second = rng.random(n) < self.mix_prob
-            x = np.where(second, self.mix_median * np.exp(self.mix_sigma * z), x)
+            x = np.where(second, self.mix_median * fpmath.exp(self.mix_sigma * z), x)
         return np.clip(x, self.low, self.high)
 
     def sample_int(self, rng: np.random.Generator, n: int) -> npt.NDArray[np.int64]:
@@ -307,7 +308,7 @@ def diurnal_rate(cfg: SessionWorkload, hours: npt.ArrayLike) -> npt.NDArray[np.f
         return w[np.minimum(h.astype(np.int64), 23)]
     r = cfg.peak_to_valley
     a = (r - 1.0) / (r + 1.0)
-    return 1.0 + a * np.cos(2.0 * np.pi * (h - cfg.peak_hour) / 24.0)
+    return 1.0 + a * fpmath.cos(2.0 * np.pi * (h - cfg.peak_hour) / 24.0)
 
 
 def _start_times(cfg: SessionWorkload, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -371,7 +372,7 @@ def _class_turns(
     """Draw the sessions of one class; return its turns and its system-prompt lengths."""
     horizon = cfg.days * DAY_S
     pool_len = p.system_prompt_tokens.sample_int(rng, p.system_prompts)
-    popularity = (np.arange(p.system_prompts) + 1.0) ** -p.system_prompt_zipf
+    popularity = fpmath.power(np.arange(p.system_prompts) + 1.0, -p.system_prompt_zipf)
     start = _start_times(cfg, rng, n_sessions)
     prompt = rng.choice(p.system_prompts, size=n_sessions, p=popularity / popularity.sum())
     sys_len = pool_len[prompt]
