@@ -82,30 +82,33 @@ def sweep_grid(
     """Run CONFIG once per point of a grid of overrides and tabulate the results.
 
     Writes DIR/sweep.parquet (one row per point: the grid keys, status, error, wall_s and the
-    flattened summary), DIR/points/<id>.json and each point's run in DIR/runs/<id>/. Re-running
-    into the same DIR skips points already finished ok (failed points run again). A point whose
-    worker process dies runs again (--retries), then fails alone. Exit status 1 when a point
-    failed.
+    flattened summary), DIR/points/<id>.json, each point's run in DIR/runs/<id>/ and
+    DIR/config.resolved.yaml: CONFIG as read at the start, which every point is cut from
+    (editing CONFIG during the sweep changes nothing in it). Re-running into the same DIR skips
+    points already finished ok for the same resolved scenario (failed points run again). A
+    point whose worker process dies runs again (--retries), then fails alone. Exit status 1
+    when a point failed.
     """
     from .planner.grid import load_grid
+    from .planner.snapshot import Snapshot
     from .planner.sweep import TABLE, run_sweep
-    from .scenario import load_scenario
 
     if address is not None and executor != "ray":
         raise UserError("--address needs --executor ray")
-    points = load_grid(grid_file, config, list(overrides))
+    # the file is read once, here: the grid is expanded against this snapshot and every point,
+    # in every worker, is cut from it, so editing the file while the sweep runs changes nothing
+    snap = Snapshot.of(config, overrides)
+    points = load_grid(grid_file, snap)
     if out_dir is None:
-        name = load_scenario(config, list(overrides)).name
-        out_dir = str(default_out(name, f"-{Path(grid_file).stem}"))
+        out_dir = str(default_out(snap.scenario().name, f"-{Path(grid_file).stem}"))
     writable_dir(out_dir)
     table = run_sweep(
-        config,
+        snap,
         points,
         out_dir,
         workers=workers,
         executor="ray" if executor == "ray" else "local",
         ray_address=address,
-        base_overrides=list(overrides),
         progress=True,
         plots=plots,
         retries=retries,

@@ -38,6 +38,7 @@ from pydantic import Field, field_validator
 from ..errors import ConfigError
 from ..scenario import Scenario, _split_path, load_scenario, parse_override
 from ..validation import FrozenModel, read_yaml, validate
+from .snapshot import Snapshot
 
 _MISSING = object()
 
@@ -194,8 +195,15 @@ def expand(spec: GridSpec, base_values: Mapping[str, Any] | None = None) -> list
     return points
 
 
+def _scenario(config: str | Path | Snapshot, overrides: list[str]) -> Scenario:
+    """``config`` (a file, a bundled name or a :class:`Snapshot` of one) with ``overrides``."""
+    if isinstance(config, Snapshot):
+        return config.scenario(overrides)
+    return load_scenario(config, overrides)
+
+
 def check_points(
-    config: str | Path,
+    config: str | Path | Snapshot,
     points: Sequence[GridPoint],
     base_overrides: Sequence[str] = (),
     source: str | None = None,
@@ -204,7 +212,7 @@ def check_points(
     out = []
     for i, p in enumerate(points):
         try:
-            out.append(load_scenario(config, [*base_overrides, *p.as_set()]))
+            out.append(_scenario(config, [*base_overrides, *p.as_set()]))
         except ConfigError as exc:
             shown = ", ".join(p.as_set()) or "no overrides"
             raise ConfigError("", f"point {i + 1} ({shown}): {exc}", source=source) from None
@@ -212,15 +220,17 @@ def check_points(
 
 
 def load_grid(
-    grid_file: str | Path, config: str | Path, base_overrides: Sequence[str] = ()
+    grid_file: str | Path, config: str | Path | Snapshot, base_overrides: Sequence[str] = ()
 ) -> list[GridPoint]:
     """Read a grid file, expand it against ``config`` (+ ``--set`` overrides) and check every
-    point loads. Raises ConfigError naming the grid file, the point and the key path."""
+    point loads. Raises ConfigError naming the grid file, the point and the key path.
+    ``config`` may be the :class:`Snapshot` a sweep runs from (``sweep grid`` passes one, so the
+    scenario file is read once)."""
     spec = read_grid(grid_file)
     base_values: dict[str, Any] = {}
     if spec.mode == "one_at_a_time":
         try:
-            base_sc = load_scenario(config, [*base_overrides, *GridPoint(dict(spec.base)).as_set()])
+            base_sc = _scenario(config, [*base_overrides, *GridPoint(dict(spec.base)).as_set()])
         except ConfigError as exc:
             raise ConfigError("base", str(exc), source=str(grid_file)) from None
         dumped = base_sc.model_dump(mode="json")

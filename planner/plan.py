@@ -27,9 +27,10 @@ with the exit status; the other shapes go on (planner/executors.py). Each shape 
 simulations it found done in the log (``from_log``), so a resumed plan can say so.
 
 One scenario for the whole search: the scenario file is read once, at the start, into a
-:class:`Snapshot` (the resolved scenario, ``--set`` applied); every shape, probe and operating
-point is cut from it, in the workers too, never from the file again. Editing the file while a
-plan runs changes nothing in that plan.
+:class:`~.snapshot.Snapshot` (the resolved scenario, ``--set`` applied; planner/snapshot.py,
+shared with ``sweep grid``); every shape, probe and operating point is cut from it, in the
+workers too, never from the file again. Editing the file while a plan runs changes nothing in
+that plan.
 
 A search with a failed shape (``error``: a crash, a dead worker, an output it could not write)
 is *incomplete*: :meth:`Plan.why` says so, names the failed shapes and whether one of them could
@@ -50,18 +51,7 @@ from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..errors import ConfigError
-from ..scenario import (
-    Scenario,
-    apply_override,
-    dump_scenario,
-    load_scenario,
-    parse_override,
-    scenario_from_dict,
-    scenario_path,
-)
+from ..scenario import Scenario, dump_scenario
 from ..sim.results.files import OutputError, output_error
 from ..sim.results.report_numbers import MISS_ORDER, slo_checks
 from ..sim.run import simulate
@@ -69,42 +59,7 @@ from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
 from .bounds import WorkloadStats, rate_bound
 from .executors import Failed, WorkerPool, ray_context
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A scenario as resolved once (file read, ``--set`` applied, every default filled in):
-    what a plan cuts every shape and probe from, in its workers too, so an edit of the file
-    during the plan changes nothing in it. Small and picklable (the YAML text)."""
-
-    text: str  # dump_scenario of the resolved scenario
-    base_dir: str  # the scenario file's folder: what relative model/hardware/profile names mean
-    source: str  # the scenario file, for messages
-
-    @classmethod
-    def of(cls, config: str | Path, overrides: Sequence[str] = ()) -> Snapshot:
-        """Read ``config`` (a path or a bundled name) with ``overrides``, once."""
-        path = scenario_path(config)
-        sc = load_scenario(config, list(overrides))
-        return cls(dump_scenario(sc), str(path.parent.resolve()), str(path))
-
-    def scenario(self, overrides: Sequence[str] = ()) -> Scenario:
-        """The snapshot with ``overrides`` (dotted ``KEY=VALUE``) applied, validated."""
-        data = yaml.safe_load(self.text)
-        for text in overrides:
-            key, value = parse_override(text)
-            apply_override(data, key, value)
-        try:
-            return scenario_from_dict(data, Path(self.base_dir))
-        except ConfigError as exc:  # named after the file it came from, not "<dict>"
-            text = str(exc)
-            if exc.source and text.startswith(f"{exc.source}: "):
-                text = text[len(exc.source) + 2 :]
-            raise ConfigError("", text, f"{self.source} (as read at the start)") from None
-
-    def derive(self, overrides: Sequence[str]) -> Snapshot:
-        """A snapshot of this one with ``overrides`` applied (a what-if)."""
-        return replace(self, text=dump_scenario(self.scenario(overrides)))
+from .snapshot import Snapshot, snapshot_of  # Snapshot is imported from here too (cli.py)
 
 
 @dataclass(frozen=True)
@@ -506,10 +461,7 @@ def plan(
     worker dies is evaluated again ``retries`` times, then recorded ``error``."""
     if probes_dir is None and runs_dir is not None:
         probes_dir = str(Path(runs_dir).parent / "probes")
-    if isinstance(config, Snapshot):
-        snap = config.derive(overrides) if overrides else config
-    else:
-        snap = Snapshot.of(config, overrides)
+    snap = snapshot_of(config, overrides)
     sc = snap.scenario()
     source = build_source(sc.workload, sc.seed)
     stats = WorkloadStats.of(source)

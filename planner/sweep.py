@@ -2,8 +2,13 @@
 
 Design notes
 ------------
-- **A point is a whole run.** Each point loads ``config`` with the sweep's ``--set`` overrides and
-  then its own, runs :func:`~deepinfer_sim.simulate`, and writes its full Result to
+- **One base scenario.** The scenario file is read once, at the start, into a
+  :class:`~.snapshot.Snapshot` (the resolved scenario, the sweep's ``--set`` applied: the
+  mechanism ``plan`` uses), written to ``config.resolved.yaml``; every point, in every worker, is
+  cut from it, never from the file again. Editing or removing the file while a sweep runs
+  changes nothing in it (a re-run reads the file again: the edited points then run again).
+- **A point is a whole run.** Each point applies its own overrides to the snapshot, runs
+  :func:`~deepinfer_sim.simulate`, and writes its full Result to
   ``runs/<point_id>/`` (config, summary, requests, timeseries; plots only when asked). A point
   that raises writes ``runs/<point_id>/error.txt`` (the traceback) instead and is recorded with
   ``status: error``; the sweep goes on.
@@ -19,8 +24,10 @@ Design notes
   summary flattened to dotted columns (``latency.ttft_s.p99``, ``cost.usd_per_mtok_output``...).
 - **Resume.** A point whose ``points/<id>.json`` says ``ok`` *for the same resolved scenario*
   (a hash of its fully resolved config, so an edited config file or a different ``--set``
-  re-runs it) is skipped. Points that ended in an error are run again: errors are usually
-  transient (a killed worker) or fixed between attempts, and a run is the only way to know.
+  re-runs it) is skipped. The snapshot gives the scenario reading the file gives, byte for byte,
+  so a folder written by a sweep that read the file for every point resumes the same. Points
+  that ended in an error are run again: errors are usually transient (a killed worker) or fixed
+  between attempts, and a run is the only way to know.
 - **Executors.** ``local`` uses :class:`~.executors.WorkerPool` (fork on Linux: workers start at
   once with the simulator imported, and a script needs no ``__main__`` guard; spawn elsewhere);
   ``workers=1`` runs in this process (a hard kill there ends the sweep: re-run it to resume).
@@ -48,15 +55,17 @@ from typing import Any, Literal
 import pandas as pd
 
 from ..errors import UserError
-from ..scenario import dump_scenario, load_scenario
+from ..scenario import dump_scenario
 from ..sim.results.files import atomic_write, write_text
 from ..sim.run import simulate
 from .executors import Failed, WorkerPool, import_ray, ray_context
 from .grid import GridPoint, check_points
+from .snapshot import Snapshot, snapshot_of
 
 TABLE = "sweep.parquet"
 POINTS = "points"
 RUNS = "runs"
+RESOLVED = "config.resolved.yaml"
 
 # Summary sections flattened into the table except these (per-class / per-tier breakdowns and
 # echoes of the config): they stay in each run's summary.json.
@@ -107,7 +116,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "error.txt").unlink(missing_ok=True)
-        sc = load_scenario(task["config"], [*task["base_overrides"], *task["overrides"]])
+        sc = task["snapshot"].scenario(task["overrides"])
         result = simulate(sc)
         result.write(run_dir, plots=task["plots"])
         record["metrics"] = flatten(json.loads(result.summary_json()), skip=SKIP_METRICS)
@@ -236,7 +245,7 @@ def build_table(points: Sequence[GridPoint], out_dir: str | Path) -> pd.DataFram
 
 
 def run_sweep(
-    config: str | Path,
+    config: str | Path | Snapshot,
     points: Sequence[GridPoint | Mapping[str, Any]],
     out_dir: str | Path,
     workers: int = 1,
@@ -249,6 +258,10 @@ def run_sweep(
 ) -> pd.DataFrame:
     """Run every point of a sweep and return its table (also written to ``out_dir/sweep.parquet``).
 
+    ``config`` is a scenario file or bundled name, read once here (with ``base_overrides``)
+    into a :class:`~.snapshot.Snapshot`, or a Snapshot already taken (``base_overrides``
+    applied on top of it); every point is cut from it, and it is written to
+    ``out_dir/config.resolved.yaml``.
     ``points`` are :class:`GridPoint`\\ s (from :func:`~deepinfer_sim.planner.load_grid`) or
     plain mappings of dotted overrides. Points already finished ``ok`` in ``out_dir`` for the
     same resolved scenario are skipped; ``table.attrs["ran"]`` and ``["skipped"]`` list the ids.
@@ -269,15 +282,16 @@ def run_sweep(
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise UserError(f"the sweep lists the same point twice (point {dup})")
-    base = [str(s) for s in base_overrides]
-    # workers may start in another folder (spawn, Ray): hand them an absolute file path
-    ref = str(Path(config).resolve()) if Path(config).is_file() else str(config)
-    scenarios = check_points(config, grid, base)
+    # the file is read once, here (or was, by the caller): every point, in every worker, is cut
+    # from this snapshot, so editing the file while the sweep runs changes nothing in it
+    snap = snapshot_of(config, [str(s) for s in base_overrides])
+    scenarios = check_points(snap, grid)
     prints = [_fingerprint(dump_scenario(sc)) for sc in scenarios]
 
     out = Path(out_dir)
     (out / POINTS).mkdir(parents=True, exist_ok=True)
     (out / RUNS).mkdir(parents=True, exist_ok=True)
+    write_text(out / RESOLVED, snap.text)  # what this sweep ran its points from
     tasks: list[dict[str, Any]] = []
     skipped: list[str] = []
     meta: dict[str, dict[str, Any]] = {}
@@ -289,15 +303,14 @@ def run_sweep(
         meta[p.point_id] = {
             "overrides": p.overrides,
             "params": p.params,
-            "config": str(config),
-            "base_overrides": base,
+            "config": snap.source,
+            "base_overrides": list(snap.overrides),
             "scenario_hash": fp,
         }
         tasks.append(
             {
                 "point_id": p.point_id,
-                "config": ref,
-                "base_overrides": base,
+                "snapshot": snap,
                 "overrides": p.as_set(),
                 "run_dir": str((out / RUNS / p.point_id).resolve()),
                 "plots": plots,
