@@ -878,7 +878,8 @@ def scenario_path(ref: str | Path) -> Path:
 
 def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
     """Model and hardware names must resolve, and classes priced apart must be among the
-    workload's where the config tells them; relative trace paths become absolute."""
+    workload's where the config tells them; relative trace paths become absolute. The model's
+    experts must split evenly over both pools' EP widths."""
     refs = [("model", "models", sc.model)]
     refs += [(f"pools.{pool}.hardware", "hardware", hw) for pool, hw in sc.hardware_kinds().items()]
     for path, kind, ref in refs:
@@ -900,6 +901,7 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
                 check_profile(ref, load_model(sc.model, base_dir), name, base_dir)
             except ConfigError as exc:
                 raise ConfigError(f"cost_model.{pool}", str(exc), source=source) from None
+    _check_expert_split(sc, load_model(sc.model, base_dir), source)
     known = sc.workload.traffic_classes()
     for name in sc.prices.revenue.by_class:
         if known is not None and name not in known:
@@ -916,6 +918,48 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
     if model_ref.endswith((".yaml", ".yml")) and not Path(model_ref).is_absolute():
         sc = sc.model_copy(update={"model": str(resolve("models", model_ref, base_dir).resolve())})
     return sc
+
+
+def expert_split_problem(experts: int, ep: int, redundant: int) -> str | None:
+    """Why ``experts`` routed experts (plus ``redundant`` redundant slots in all) do not split
+    evenly over ``ep`` ranks, or None when they do.
+
+    The rule: every rank holds the same number of routed experts (``ep`` divides ``experts``),
+    or the same number of slots once the redundant ones are counted (``ep`` divides
+    ``experts + redundant``, as DeepSeek's 256 + 32 over EP144). Engines refuse anything else
+    (SGLang and DeepSeek's EPLB need the physical experts to divide by the EP size); the
+    simulator would otherwise round the slots per rank up and place experts nobody asked for."""
+    if ep <= 1 or experts % ep == 0 or (experts + redundant) % ep == 0:
+        return None
+    fits = [d for d in range(1, min(experts, MAX_EP) + 1) if experts % d == 0]
+    near = sorted(sorted(fits, key=lambda d: (abs(d - ep), d))[:3])
+    if redundant:
+        why = f"nor do the {experts + redundant} slots with the {redundant} redundant ones"
+    else:
+        why = "and no redundant slots make up the rest"
+    return (
+        f"EP{ep} does not split the model's {experts} routed experts evenly ({why}); every "
+        f"rank must hold the same number, as engines require: use an EP that divides {experts} "
+        f"(nearest: {', '.join(map(str, near))})"
+    )
+
+
+def _redundant_total(pool: ExpertParallelPool, ep: int) -> int:
+    if pool.redundant_experts is not None:
+        return pool.redundant_experts
+    return pool.redundant_experts_per_gpu * ep
+
+
+def _check_expert_split(sc: Scenario, model: ModelSpec, source: str) -> None:
+    """Both pools' EP widths split the model's routed experts evenly
+    (:func:`expert_split_problem` says the rule). The planner's grid is not checked here: a
+    run does not use it, and ``plan`` checks each shape as it builds it."""
+    experts = model.moe.routed_experts
+    for pool_name in ("prefill", "decode"):
+        pool: ExpertParallelPool = getattr(sc.pools, pool_name)
+        problem = expert_split_problem(experts, pool.ep, _redundant_total(pool, pool.ep))
+        if problem is not None:
+            raise ConfigError(f"pools.{pool_name}.ep", f"{problem} ({model.name})", source=source)
 
 
 def check_profile(ref: str, model: ModelSpec, hardware: str, base_dir: Path | None) -> None:

@@ -7,6 +7,9 @@ validated here: unknown keys are errors, values are type-checked, and a failure 
 
 from __future__ import annotations
 
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +32,66 @@ class FrozenModel(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", validate_default=True, allow_inf_nan=False
     )
+
+
+def _wants_number(tp: Any) -> bool:
+    """Whether ``tp`` takes an int or a float and not a bool."""
+    tp = _strip_annotated(tp)
+    if tp in (int, float):
+        return True
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [_strip_annotated(a) for a in typing.get_args(tp)]
+        return any(a in (int, float) for a in args) and not any(a in (bool, Any) for a in args)
+    return False
+
+
+def _strip_annotated(tp: Any) -> Any:
+    while typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _boolean_for_number(tp: Any, value: Any) -> str | None:
+    """Where in ``value`` a boolean stands for a number that ``tp`` expects: ``""`` for
+    ``value`` itself, ``"[2]"`` or ``".name"`` inside a model, a list or a mapping; None if
+    nowhere. (Pydantic's lax mode would read ``instances: true`` as 1 and ``disk_tb: false`` as
+    0.0; strict mode would also refuse a YAML list for a tuple, so the check is done here.)"""
+    tp = _strip_annotated(tp)
+    if isinstance(value, bool):
+        return "" if _wants_number(tp) else None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            where = _boolean_for_number(arg, value)
+            if where:
+                return where
+        return None
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        if not isinstance(value, dict) or not set(value) <= set(tp.model_fields):
+            return None  # not this model (another member of a union), or an unknown key
+        for key, item in value.items():
+            where = _boolean_for_number(tp.model_fields[key].annotation, item)
+            if where is not None:
+                return f".{key}{where}"
+        return None
+    args = typing.get_args(tp)
+    if isinstance(value, list | tuple) and origin in (tuple, list, Sequence) and args:
+        for i, item in enumerate(value):
+            if origin is tuple and args[-1] is not Ellipsis:
+                if i >= len(args):
+                    break
+                item_tp = args[i]
+            else:
+                item_tp = args[0]
+            where = _boolean_for_number(item_tp, item)
+            if where is not None:
+                return f"[{i}]{where}"
+    if isinstance(value, dict) and origin in (dict, Mapping) and len(args) == 2:
+        for key, item in value.items():
+            where = _boolean_for_number(args[1], item)
+            if where is not None:
+                return f".{key}{where}"
+    return None
 
 
 def dotted(loc: tuple[Any, ...]) -> str:
@@ -69,7 +132,16 @@ def validation_message(exc: ValidationError, prefix: str = "") -> tuple[str, str
 
 
 def validate(model: type[M], data: Any, *, source: str | None = None, prefix: str = "") -> M:
-    """Validate ``data`` into ``model`` or raise ConfigError naming the key path."""
+    """Validate ``data`` into ``model`` or raise ConfigError naming the key path. A boolean
+    where a number is expected is an error too (pydantic would read ``true`` as 1)."""
+    where = _boolean_for_number(model, data)
+    if where is not None:
+        path = where.removeprefix(".")
+        if prefix:
+            path = f"{prefix}.{path}" if path else prefix
+        raise ConfigError(
+            path, "expected a number, got a boolean (true/false is not a number)", source=source
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -92,13 +164,60 @@ def read_yaml(path: str | Path) -> Any:
         line = raw[: exc.start].count(b"\n") + 1
         bad = raw[exc.start]
         raise ConfigError("", f"not UTF-8 text (byte 0x{bad:02x})", source=f"{p}:{line}") from None
+    loader = _SAFE_LOADER(text)
     try:
-        return yaml.load(text, Loader=_SAFE_LOADER)
+        node = loader.get_single_node()
+        if node is not None:
+            _refuse_duplicate_keys(loader, node, p)
+        return loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError("", f"YAML syntax error: {problem}", source=where) from None
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(loader: Any, root: yaml.Node, path: Path) -> None:
+    """A key given twice in one mapping is an error naming its dotted path and both lines (YAML
+    itself would silently keep the last one). Keys a merge (``<<: *base``) brings in may be
+    overridden, as YAML intends."""
+    seen_nodes: set[int] = set()
+    todo: list[tuple[yaml.Node, str]] = [(root, "")]
+    while todo:
+        node, where = todo.pop()
+        if id(node) in seen_nodes:  # an alias: its node was checked where it was defined
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend((item, f"{where}[{i}]") for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    todo.append((value_node, where))
+                    continue
+                key = (
+                    loader.construct_object(key_node, deep=True)
+                    if isinstance(key_node, yaml.ScalarNode)
+                    else id(key_node)
+                )
+                name = f"{where}.{key}" if where else str(key)
+                line = key_node.start_mark.line + 1
+                try:
+                    earlier = first.get(key)
+                except TypeError:  # an unhashable key: YAML itself refuses it later
+                    continue
+                if earlier is not None:
+                    raise ConfigError(
+                        name,
+                        f"duplicate key (first at line {earlier}); YAML would keep only the "
+                        "last value, so one of the two is a mistake",
+                        source=f"{path}:{line}",
+                    )
+                first[key] = line
+                todo.append((value_node, name))
 
 
 def load_yaml_model(model: type[M], path: str | Path) -> M:

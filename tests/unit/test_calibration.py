@@ -541,7 +541,8 @@ def test_a_scenario_names_the_pool_whose_profile_lacks_the_model():
         str(exc.value)
     )
     load_scenario("default", ["model=deepseek-v3"])
-    load_scenario("default", ["model=deepseek-v4.1-flash-mini"])
+    # the stack has 48 experts: EP48 splits them evenly (the default EP64 does not)
+    load_scenario("default", ["model=deepseek-v4.1-flash-mini", "pools.decode.ep=48"])
 
 
 def test_a_profile_with_several_models_needs_the_model_named():

@@ -92,14 +92,15 @@ def test_sizes_rates_and_grids_are_bounded_and_the_message_names_the_bound(
 
 
 def test_the_bounds_admit_a_real_deployment() -> None:
-    """A 100k-GPU deployment still validates: 2,000 EP8 prefill instances + 300 EP256 groups."""
+    """A 100k-GPU deployment still validates: 2,000 EP8 prefill instances + 200 EP384 groups
+    (EP384: one of the 384 experts per GPU; an EP must split them evenly, see issue 29 below)."""
     sc = load_scenario(
         "default",
         [
             "pools.prefill.instances=2000",
             "pools.prefill.ep=8",
-            "pools.decode.groups=300",
-            "pools.decode.ep=256",
+            "pools.decode.groups=200",
+            "pools.decode.ep=384",
             "pools.storage.nodes=1200",
         ],
     )
@@ -252,3 +253,124 @@ def test_apply_override_outside_the_scenario_schema_creates_plain_mappings() -> 
     data: dict[str, object] = {}
     apply_override(data, "not.a.scenario.key", 1)
     assert data == {"not": {"a": {"scenario": {"key": 1}}}}
+
+
+# ---- 4. issue 29: stated rules instead of silent guesses ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("pools.decode.ep=7", "pools.decode.ep"),
+        ("pools.prefill.ep=7", "pools.prefill.ep"),
+    ],
+)
+def test_an_ep_that_does_not_split_the_experts_is_an_error(override: str, key: str) -> None:
+    """EP7 on V4.1-Flash's 384 experts used to run, rounding the slots per rank up and placing
+    experts nobody asked for. Engines refuse it, and so does the scenario: the error names the
+    key, the rule and the nearest widths that divide the experts."""
+    with pytest.raises(ConfigError) as exc:
+        load_scenario("default", [override])
+    assert exc.value.path == key
+    assert "does not split the model's 384 routed experts evenly" in str(exc.value)
+    assert "as engines require" in str(exc.value) and "nearest:" in str(exc.value)
+
+
+def test_redundant_slots_may_make_the_split_even() -> None:
+    """The rule's other half: every rank holds the same number of slots once the redundant ones
+    are counted, as DeepSeek's production decode (256 experts + 32 redundant over EP144) and
+    SGLang's EP72 deployment do; the published scenarios load."""
+    sc = load_scenario(
+        "default",
+        ["model=deepseek-v3", "pools.decode.ep=144", "pools.decode.redundant_experts=32"],
+    )
+    assert sc.pools.decode.ep == 144
+    with pytest.raises(ConfigError, match="nor do the 272 slots with the 16 redundant ones"):
+        load_scenario(
+            "default",
+            ["model=deepseek-v3", "pools.decode.ep=144", "pools.decode.redundant_experts=16"],
+        )
+    for name in ("deepseek-v3-production-h800", "deepseek-v3-profile-h800", "sglang-v3-h100-96gpu"):
+        load_scenario(name)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("pools: {prefill: {instances: true}}", "pools.prefill.instances"),
+        ("pools: {storage: {disk_tb: false}}", "pools.storage.disk_tb"),
+        ("pools: {storage: {ttl_s: {chatbot: true}}}", "pools.storage.ttl_s.chatbot"),
+        ("planner: {decode_ep: [64, true]}", "planner.decode_ep[1]"),
+        ("faults: [{kind: link_cut, at_s: 1, duration_s: true}]", "faults[0].duration_s"),
+        ("policies: {admission: {policy: queue_length, max_queued: true}}", None),
+        ("sim: {horizon_s: false}", "sim.horizon_s"),
+    ],
+)
+def test_a_boolean_is_never_a_number(text: str, key: str | None, tmp_path: Path) -> None:
+    """``instances: true`` used to load as one instance (pydantic reads true as 1). A boolean
+    where a number is expected is now an error naming the key, wherever it sits: a field, a
+    list item, a mapping value, one member of a union of models."""
+    path = tmp_path / "bool.yaml"
+    path.write_text(f"name: bool\n{text}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(path)
+    assert exc.value.path == (key or "policies.admission.max_queued")
+    assert "expected a number, got a boolean" in str(exc.value)
+    assert str(exc.value).startswith(f"{path}: ")
+
+
+def test_a_boolean_setting_still_takes_a_boolean() -> None:
+    sc = load_scenario("default", ["network.backup_links=true", "sim.progress=false"])
+    assert sc.network.backup_links is True and sc.sim.progress is False
+    with pytest.raises(ConfigError, match=r"pools\.decode\.groups: expected a number"):
+        load_scenario("default", ["pools.decode.groups=true"])
+
+
+def test_a_duplicate_key_names_the_key_the_file_and_both_lines(tmp_path: Path) -> None:
+    """YAML keeps the last of two equal keys, so a scenario that says ``instances: 4`` and,
+    lower down, ``instances: 8`` silently ran 8. The loader now refuses it."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(
+        "name: dup\npools:\n  prefill:\n    instances: 4\n    ep: 4\n    instances: 8\n"
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(path)
+    assert exc.value.path == "pools.prefill.instances"
+    assert str(exc.value).startswith(f"{path}:6: pools.prefill.instances: duplicate key")
+    assert "first at line 4" in str(exc.value)
+    code, out = cli("run", str(path), "-q", "--out", str(tmp_path / "o"))
+    assert_user_error(code, out, f"{path}:6", "duplicate key")
+    # in a list item, and in a flow mapping on one line
+    path.write_text("faults:\n  - {kind: link_cut, at_s: 1, at_s: 2, duration_s: 1}\n")
+    with pytest.raises(ConfigError, match=r"dup\.yaml:2: faults\[0\]\.at_s: duplicate key"):
+        load_scenario(path)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    """YAML's ``<<: *base`` merge is not a duplicate: a key given beside it overrides the
+    merged one, as YAML intends."""
+    path = tmp_path / "merge.yaml"
+    path.write_text(
+        "name: merge\nx-base: &base {instances: 4, ep: 4}\n"
+        "pools:\n  prefill:\n    <<: *base\n    instances: 8\n"
+    )
+    with pytest.raises(ConfigError, match="x-base: unknown key"):  # the anchor's holder
+        load_scenario(path)
+    path.write_text(
+        "name: merge\npools:\n  prefill: &p {instances: 4, ep: 4}\n"
+        "  vision:\n    <<: {instances: 1}\n    instances: 2\n"
+    )
+    assert load_scenario(path).pools.vision.instances == 2
+
+
+def test_model_and_hardware_files_refuse_duplicate_keys_too(tmp_path: Path) -> None:
+    """The same loader reads every config file, not only scenarios: a hardware file whose first
+    key comes again at its end is refused at that line."""
+    from deepinfer_sim.models.registry import bundled_dir, load_hardware
+
+    lines = (bundled_dir("hardware") / "h200.yaml").read_text().splitlines()
+    key = next(line.split(":")[0] for line in lines if line[:1].isalpha())
+    path = tmp_path / "h200.yaml"
+    path.write_text("\n".join([*lines, f"{key}: again"]) + "\n")
+    with pytest.raises(ConfigError, match=rf"h200\.yaml:{len(lines) + 1}: {key}: duplicate key"):
+        load_hardware(str(path))
