@@ -22,10 +22,9 @@ too slow) deployment, lower per token than serving that load within the SLOs wou
 report puts a caveat on them (:func:`cost_caveat`).
 
 Served / offered compares like with like: the requests served of the requests offered (a run
-that served 200 of 200 reads 100 %). The summary's ``served_over_offered`` divides a rate over
-the completion window by one over the arrival window; those windows differ by the spread of
-latencies, so it reads 94.5 % for a short run that served everything, and the report does not
-show it.
+that served 200 of 200 reads 100 %: the summary's ``completed_fraction``). The summary's
+``served_over_offered`` is the same count weighted by output tokens, over the same window (the
+whole run), so it reads 1 for that run too.
 
 Percentages keep two significant figures below 1 % (a store 0.0048 % full is not "0.00 %").
 A change between two runs is coloured better or worse only when both were offered the same load

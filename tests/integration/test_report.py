@@ -271,13 +271,14 @@ def _row(text: str, label: str) -> str:
 def test_served_over_offered_counts_requests_so_a_run_that_served_all_reads_100_percent(
     runs, tmp_path
 ):
-    """The summary's ``served_over_offered`` divides completions per second over the completion
+    """The summary's ``served_over_offered`` divided completions per second over the completion
     window by arrivals per second over the arrival window. The two windows differ by the spread
-    of latencies, so the tiny run that served all 80 of its 80 requests has a ratio of 0.83, and
+    of latencies, so the tiny run that served all 80 of its 80 requests had a ratio of 0.83, and
     the report showed "served / offered 83.44 %". It compares like with like now: requests
-    served of requests offered."""
+    served of requests offered; and the summary's ratio, counted over one window, reads 1."""
     summary = json.loads((runs["ep8"] / "summary.json").read_text())
     assert summary["requests"]["completed"] == summary["requests"]["arrived"] == 80
+    assert summary["offered_load"]["served_over_offered"] == 1.0
     text = render_report([runs["ep8"]], tmp_path / "r.html").read_text()
     assert "<td>served / offered requests</td><td>100 %</td>" in _row(
         text, "served / offered requests"
