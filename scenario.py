@@ -38,6 +38,15 @@ MAX_LATENCY_S = 10.0  # one-way latency of a link or a storage node's response
 MIN_TIMESERIES_INTERVAL_S = 0.01  # sim.timeseries_interval_s: one sample per 10 ms at most
 MAX_HORIZON_S = 366 * 86400.0  # sim.horizon_s: a year
 
+# How much work a run does (issue 29): a run's clocks (the time-series sampler, the tiered
+# router's rounds, the expert-popularity walk, random storage failures) tick over its whole
+# simulated span, so a tiny period, a tiny rate scale (a long span) or a far trace timestamp
+# would spin for hours without a request moving. ``check_run_size`` counts the ticks before a
+# run starts and refuses more than this many, naming the key that sets the most of them: ten
+# million ticks are about an hour of CPU on the default cluster (a time-series sample costs about
+# 0.3 ms), while a week of sessions sampled every second with a live expert walk is 1.4 million.
+MAX_CLOCK_TICKS = 10_000_000
+
 
 class ExpertParallelPool(FrozenModel):
     """What prefill instances and decode groups share: expert-parallel ranks with redundant
@@ -151,9 +160,26 @@ class StoragePool(FrozenModel):
         description="storage nodes; a multiple of the coding width (data + parity)",
     )
     disks_per_node: int = Field(20, ge=1, le=1024)
-    disk_tb: float = Field(30.73, gt=0, description="capacity of one SSD, TB (10^12 bytes)")
-    read_gbytes_per_s: float = Field(40.0, gt=0, description="sustained read per node, GB/s")
-    write_gbytes_per_s: float = Field(5.0, gt=0, description="sustained write per node, GB/s")
+    disk_tb: float = Field(
+        30.73,
+        gt=0,
+        le=1e4,
+        description="capacity of one SSD, TB (10^12 bytes); disks so small that a coding group "
+        "holds no KV block are refused when the store is built",
+    )
+    read_gbytes_per_s: float = Field(
+        40.0,
+        gt=0,
+        le=MAX_GBPS,
+        description="sustained read per node, GB/s; without sim.horizon_s, a node that cannot "
+        "read one 512-token KV block within sim.drain_limit_s is refused (no run could drain)",
+    )
+    write_gbytes_per_s: float = Field(
+        5.0,
+        gt=0,
+        le=MAX_GBPS,
+        description="sustained write per node, GB/s (the same floor as read_gbytes_per_s)",
+    )
     data_chunks: int = Field(10, ge=1, le=256, description="erasure coding: data chunks per stripe")
     parity_chunks: int = Field(
         2, ge=0, le=256, description="erasure coding: parity chunks per stripe"
@@ -177,7 +203,10 @@ class StoragePool(FrozenModel):
         True, description="a read restarts the block's TTL (false: TTL counts from its last write)"
     )
     mtbf_h: float | None = Field(
-        None, gt=0, description="per-node mean time between failures (None: scheduled faults only)"
+        None,
+        gt=0,
+        description="per-node mean time between failures (None: scheduled faults only); each "
+        "failure and repair is an event, counted against the run's clock ticks",
     )
     mttr_h: float = Field(4.0, gt=0, description="mean time to repair a failed node")
 
@@ -235,7 +264,11 @@ class Network(FrozenModel):
     """Prefill -> decode KV transfer links."""
 
     pd_gbps_per_8_gpus: float = Field(
-        400, gt=0, le=MAX_GBPS, description="interconnect budget per 8 GPUs"
+        400,
+        gt=0,
+        le=MAX_GBPS,
+        description="interconnect budget per 8 GPUs (floor: a prefill instance's link moves one "
+        "512-token KV block within sim.drain_limit_s)",
     )
     placement: Literal["same_dc", "cross_dc"] = "same_dc"
     latency_s: float = Field(
@@ -295,7 +328,12 @@ class ExpertLoad(FrozenModel):
         description="mean-reversion time of the walk (its stationary σ is "
         "drift_sigma·√(reversion/2))",
     )
-    drift_update_s: float = Field(1.0, gt=0, description="time grid the popularity moves on")
+    drift_update_s: float = Field(
+        1.0,
+        gt=0,
+        description="time grid the popularity moves on: the walk takes one step per grid point "
+        "of the run's simulated span, counted against the run's clock ticks (MAX_CLOCK_TICKS)",
+    )
     request_concentration: float = Field(
         30.0,
         gt=0,
@@ -372,7 +410,12 @@ class Tiers(FrozenModel):
     boundaries: tuple[int, ...] = Field(
         (16384, 65536, 262144), description="upper bounds of all but the last tier, increasing"
     )
-    round_s: float = Field(60.0, gt=0, description="re-assignment round length")
+    round_s: float = Field(
+        60.0,
+        gt=0,
+        description="re-assignment round length: one round per period of the run's simulated "
+        "span, counted against the run's clock ticks (MAX_CLOCK_TICKS)",
+    )
 
     @model_validator(mode="after")
     def _increasing(self) -> Tiers:
@@ -510,7 +553,8 @@ class PrefixCache(FrozenModel):
         400,
         gt=0,
         le=MAX_GBPS,
-        description="ingress bandwidth a prefill instance loads hits and slots with",
+        description="ingress bandwidth a prefill instance loads hits and slots with (floor: one "
+        "512-token KV block within sim.drain_limit_s)",
     )
 
 
@@ -526,7 +570,11 @@ class SwaCache(FrozenModel):
         0.5, gt=0, le=1, description="share of a machine's host memory that holds SWA slots"
     )
     vlan_gbps: float = Field(
-        400, gt=0, le=MAX_GBPS, description="cross-machine slot fetch bandwidth"
+        400,
+        gt=0,
+        le=MAX_GBPS,
+        description="cross-machine slot fetch bandwidth (floor: one SWA slot within "
+        "sim.drain_limit_s)",
     )
 
 
@@ -553,18 +601,37 @@ class Planner(FrozenModel):
     """The deployment shapes ``deepinfer-sim plan`` searches and how it probes each one."""
 
     target_rate_rps: float | None = Field(
-        None, gt=0, description="request rate to serve (default: the workload's mean rate)"
+        None,
+        gt=0,
+        le=1e7,
+        description="request rate to serve (default: the workload's mean rate); at most 10 "
+        "million requests/s, far past any deployment the planner can size",
     )
-    traffic_scale: float = Field(1.0, gt=0, description="multiply the target rate (what-ifs)")
+    traffic_scale: float = Field(
+        1.0,
+        gt=0,
+        le=1e4,
+        description="multiply the target rate (what-ifs); at most 10,000, as workload.rate_scale",
+    )
     prefill_ep: tuple[int, ...] = Field((4, 8), min_length=1)
     prefill_instances: tuple[int, ...] = Field(
         (4, 8, 12, 16, 24, 32), min_length=1, description="prefill instances per decode group"
     )
     decode_ep: tuple[int, ...] = Field((64, 128), min_length=1)
     probe_seconds: float = Field(
-        120.0, gt=0, description="arrival span of each load probe (queues must have time to grow)"
+        120.0,
+        gt=0,
+        le=86400,
+        description="arrival span of each load probe (queues must have time to grow); at most a "
+        "day: every probe is a whole simulation, and a plan runs tens of them",
     )
-    probe_min_requests: int = Field(1000, ge=50, description="requests per probe at least")
+    probe_min_requests: int = Field(
+        1000,
+        ge=50,
+        le=10_000_000,
+        description="requests per probe at least; at most 10 million (a probe is a whole "
+        "simulation, and a plan runs tens of them)",
+    )
     bisection_steps: int = Field(5, ge=2, le=20, description="load probes per shape")
     headroom: float = Field(
         0.85, gt=0, le=1, description="run each replica at this share of its sustainable rate"
@@ -878,8 +945,9 @@ def scenario_path(ref: str | Path) -> Path:
 
 def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
     """Model and hardware names must resolve, and classes priced apart must be among the
-    workload's where the config tells them; relative trace paths become absolute. The model's
-    experts must split evenly over both pools' EP widths."""
+    workload's where the config tells them; relative trace paths become absolute. What needs the
+    model is checked here too: its experts split evenly over both pools' EP widths, and every
+    bandwidth moves one KV block within the drain limit."""
     refs = [("model", "models", sc.model)]
     refs += [(f"pools.{pool}.hardware", "hardware", hw) for pool, hw in sc.hardware_kinds().items()]
     for path, kind, ref in refs:
@@ -901,7 +969,9 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
                 check_profile(ref, load_model(sc.model, base_dir), name, base_dir)
             except ConfigError as exc:
                 raise ConfigError(f"cost_model.{pool}", str(exc), source=source) from None
-    _check_expert_split(sc, load_model(sc.model, base_dir), source)
+    model = load_model(sc.model, base_dir)
+    _check_expert_split(sc, model, source)
+    _check_bandwidths(sc, model, source)
     known = sc.workload.traffic_classes()
     for name in sc.prices.revenue.by_class:
         if known is not None and name not in known:
@@ -960,6 +1030,146 @@ def _check_expert_split(sc: Scenario, model: ModelSpec, source: str) -> None:
         problem = expert_split_problem(experts, pool.ep, _redundant_total(pool, pool.ep))
         if problem is not None:
             raise ConfigError(f"pools.{pool_name}.ep", f"{problem} ({model.name})", source=source)
+
+
+KV_BLOCK_TOKENS = 512
+"""The prefix block the bandwidth floors are stated in (Mooncake's and the sessions' block)."""
+
+
+def _check_bandwidths(sc: Scenario, model: ModelSpec, source: str) -> None:
+    """A floor under every bandwidth a request's KV crosses, in a run without a horizon: it must
+    move one 512-token KV block (the SWA VLAN: one sequence's SWA slot) within
+    ``sim.drain_limit_s``. A slower one cannot serve a prompt of a few blocks before the run
+    gives up on draining, and the run would tick its clocks through the whole drain limit only
+    to say so (``pools.storage.read_gbytes_per_s: 1e-9`` spun for minutes)."""
+    if sc.sim.horizon_s is not None:
+        return  # the horizon bounds the run: a stalled request is cut there, nothing spins
+    limit, limit_key = sc.sim.drain_limit_s, "sim.drain_limit_s"
+    block = model.kv_bytes_per_token() * KV_BLOCK_TOKENS
+    what_block = f"one {KV_BLOCK_TOKENS}-token KV block ({block / 1e6:.3g} MB of {model.name})"
+    p, ep8 = sc.pools, sc.pools.prefill.ep / 8
+    # (key, bytes per second, what moves, what it moves, its bytes)
+    paths = [
+        (
+            "network.pd_gbps_per_8_gpus",
+            sc.network.pd_gbps_per_8_gpus * 1e9 / 8 * ep8,
+            "a prefill instance's P->D link",
+            what_block,
+            block,
+        )
+    ]
+    if sc.cache.prefix.enabled:
+        paths.append(
+            (
+                "cache.prefix.load_gbps_per_8_gpus",
+                sc.cache.prefix.load_gbps_per_8_gpus * 1e9 / 8 * ep8,
+                "a prefill instance's cache load",
+                what_block,
+                block,
+            )
+        )
+        if p.storage.nodes:
+            paths += [
+                (
+                    f"pools.storage.{op}_gbytes_per_s",
+                    bw * 1e9,
+                    f"a storage node's {op}",
+                    what_block,
+                    block,
+                )
+                for op, bw in (
+                    ("read", p.storage.read_gbytes_per_s),
+                    ("write", p.storage.write_gbytes_per_s),
+                )
+            ]
+    slot = model.swa_slot_bytes
+    if slot > 0:
+        paths.append(
+            (
+                "cache.swa.vlan_gbps",
+                sc.cache.swa.vlan_gbps * 1e9 / 8,
+                "the SWA VLAN",
+                f"one sequence's SWA slot ({slot / 1e6:.3g} MB of {model.name})",
+                slot,
+            )
+        )
+    for key, per_s, mover, unit, nbytes in paths:
+        seconds = nbytes / per_s
+        if seconds > limit:
+            raise ConfigError(
+                key,
+                f"too slow for any run to drain: {mover} moves {unit} in {seconds:.3g} s, "
+                f"longer than {limit_key} ({limit:g} s) lets a request take",
+                source=source,
+            )
+
+
+def check_run_size(sc: Scenario, arrival_s: Any) -> dict[str, float]:
+    """What a run of ``sc`` over arrivals ``arrival_s`` (sorted seconds) will do, stated before
+    it starts: the ticks of each of its clocks, keyed by the setting that sets the period.
+
+    Refused with a ConfigError naming the key: a workload whose last arrival lies past a year
+    (a tiny ``workload.rate_scale``, a trace timestamp far out) when no ``sim.horizon_s`` cuts
+    it; a ``sim.horizon_s`` that ends the run before the first arrival; and clocks that would
+    tick more than :data:`MAX_CLOCK_TICKS` times over the span (the horizon, else the last
+    arrival plus ``sim.drain_limit_s``: a run that drains early ticks fewer)."""
+    n = len(arrival_s)
+    first = float(arrival_s[0]) if n else 0.0
+    last = float(arrival_s[-1]) if n else 0.0
+    horizon = sc.sim.horizon_s
+    wl = sc.workload
+    if horizon is None and last > MAX_HORIZON_S:
+        why = []
+        if wl.rate_scale < 1:
+            why.append(f"workload.rate_scale={wl.rate_scale:g} divides its arrival times by it")
+        if wl.repeat > 1:
+            why.append(f"workload.repeat={wl.repeat} tiles it end to end")
+        raise ConfigError(
+            "workload",
+            f"its last request arrives at t={last:.4g} s, past the year a run may simulate "
+            f"({MAX_HORIZON_S:,.0f} s){': ' + '; '.join(why) if why else ''}; set sim.horizon_s "
+            "to cut the run, or shorten the workload",
+        )
+    if horizon is not None and n and horizon <= first:
+        raise ConfigError(
+            "sim.horizon_s",
+            f"{horizon:g} s ends the run before the first request arrives (t={first:.6g} s): "
+            "nothing would be simulated",
+        )
+    span = horizon if horizon is not None else last + sc.sim.drain_limit_s
+    ticks = clock_ticks(sc, span)
+    total = sum(ticks.values())
+    if total > MAX_CLOCK_TICKS:
+        key = max(ticks, key=lambda k: ticks[k])
+        spanned = (
+            f"sim.horizon_s = {horizon:g} s"
+            if horizon is not None
+            else f"the last arrival at {last:,.0f} s + sim.drain_limit_s {sc.sim.drain_limit_s:g} s"
+        )
+        shares = ", ".join(f"{k} {v:.3g}" for k, v in sorted(ticks.items(), key=lambda kv: -kv[1]))
+        raise ConfigError(
+            key,
+            f"the run's clocks would tick {total:.3g} times over its {span:.4g} simulated s "
+            f"({spanned}), more than the {MAX_CLOCK_TICKS:,} a run may take (about an hour of "
+            f"CPU); by setting: {shares}. Raise {key}, or shorten the run",
+        )
+    return ticks
+
+
+def clock_ticks(sc: Scenario, span_s: float) -> dict[str, float]:
+    """How often each clock of a run of ``sc`` ticks over ``span_s`` simulated seconds, keyed by
+    the setting of its period: the time-series sampler, the tiered router's rounds, the
+    expert-popularity walk (live imbalance) and random storage failures and repairs."""
+    ticks = {"sim.timeseries_interval_s": span_s / sc.sim.timeseries_interval_s}
+    if sc.policies.prefill_router == "tiered":
+        ticks["policies.tiers.round_s"] = span_s / sc.policies.tiers.round_s
+    if sc.policies.eplb.imbalance == "live":
+        ticks["policies.eplb.load.drift_update_s"] = span_s / sc.policies.eplb.load.drift_update_s
+    st = sc.pools.storage
+    if st.nodes and st.mtbf_h is not None and sc.cache.prefix.enabled:
+        cycle_s = (st.mtbf_h + st.mttr_h) * 3600.0
+        ticks["pools.storage.mtbf_h"] = 2 * st.nodes * span_s / cycle_s
+    return ticks
 
 
 def check_profile(ref: str, model: ModelSpec, hardware: str, base_dir: Path | None) -> None:

@@ -17,14 +17,16 @@ import time
 import warnings
 from collections.abc import Callable
 
+import numpy as np
 import simpy
 
 from ..errors import ConfigWarning, UserError
-from ..scenario import Scenario
+from ..scenario import Scenario, check_run_size
 from ..traces import RequestSource
 from ..traces.workload import build_source
 from .core.assemble import build_cluster
 from .core.cluster import Cluster, check_invariants
+from .core.requests import State
 from .results.itl import itl_summary
 from .results.result import Result
 from .results.revenue import unpriced_classes
@@ -43,6 +45,7 @@ def simulate(
     wall0 = time.perf_counter()
     if source is None:
         source = build_source(sc.workload, sc.seed)
+    check_run_size(sc, source.arrival_s)  # a run that would tick for hours is refused up front
     unpriced = unpriced_classes(sc.prices.revenue, source.class_names)
     if unpriced:  # shown once per process for the same workload (Python's default filter)
         warnings.warn(
@@ -78,6 +81,13 @@ def simulate(
                 "sim.drain_limit_s, or set sim.horizon_s to cut the run"
             )
     sampler.sample()
+    if horizon is not None and cl.arrived and not np.any(cl.table.state == State.DONE):
+        warnings.warn(
+            f"sim.horizon_s: no request completed within the {horizon:g} simulated s "
+            f"({cl.arrived:,} arrived): its latencies are empty (null in summary.json)",
+            ConfigWarning,
+            stacklevel=2,
+        )
     check_invariants(cl)
     _release_blocks(cl)
     wall = time.perf_counter() - wall0

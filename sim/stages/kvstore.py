@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ConfigError
 from ...scenario import StoragePool
 from .block_slots import BlockSlots, SlotArray, SlotColumns, SlotQueue
 from .storage_nodes import StorageNodes
@@ -64,6 +65,13 @@ class KvStore:
         self.refresh_on_read = cfg.refresh_on_read
         per_group_node_bytes = cfg.node_physical_bytes
         self.capacity_blocks = int(per_group_node_bytes * cfg.data_chunks // block_bytes)
+        if self.capacity_blocks < 1:  # pools.storage.disk_tb: 1e-9 divided by zero below
+            raise ConfigError(
+                "pools.storage.disk_tb",
+                f"a coding group's nodes ({cfg.disks_per_node} disks of {cfg.disk_tb:g} TB, "
+                f"{cfg.data_chunks} data chunks) hold no {block_bytes / 1e6:.3g} MB KV block: "
+                "a store of no capacity caches nothing",
+            )
         self.high = int(cfg.high_watermark * self.capacity_blocks)
         self.low = int(cfg.low_watermark * self.capacity_blocks)
         columns: dict[str, Any] = {
@@ -369,7 +377,7 @@ class KvStore:
 
     def used_fraction(self) -> float:
         """Used share of the fullest group's node capacity."""
-        if not self.groups:
+        if not self.groups or not self.capacity_blocks:
             return 0.0
         return max(self.held) / self.capacity_blocks
 

@@ -92,6 +92,7 @@ BURST_BROKEN = {
     "negative time": (burst_row(ts=-1), "column 'Timestamp': must be >= 0"),
     "text time": (burst_row(ts="noon"), "column 'Timestamp': expected a finite number"),
     "nan time": (burst_row(ts="nan"), "column 'Timestamp': expected a finite number"),
+    "far time": (burst_row(ts=1e300), "column 'Timestamp': must be at most 1e+09 s"),
     "missing cells": ("7,ChatGPT", "column 'Request tokens': expected an integer"),
     "blank line": ("", "expected"),
 }
@@ -166,6 +167,7 @@ VIDUR_BROKEN = {
     "zero length": ("1.0,0,2", "column 'num_prefill_tokens': must be >= 1"),
     "missing time": (",3,2", "column 'arrived_at': expected a finite number"),
     "inf time": ("inf,3,2", "column 'arrived_at': expected a finite number"),
+    "far time": ("1e300,3,2", "column 'arrived_at': must be at most 1e+09 s (31.7 years)"),
 }
 
 
@@ -279,6 +281,7 @@ QWEN_BROKEN = {
     "zero output": (_qwen_variant(output_length=0), "'output_length': must be >= 1"),
     "string time": (_qwen_variant(ts="1.5"), "'timestamp': expected a number"),
     "negative time": (_qwen_variant(ts=-0.5), "'timestamp': must be finite and >= 0"),
+    "far time": (_qwen_variant(ts=1e300), "'timestamp': must be at most 1e+09 s"),
     "bad parent": (_qwen_variant(parent=-2), "'parent_chat_id': must be >= -1"),
     "own parent": (_qwen_variant(parent=5), "cannot be its own parent"),
     "hash count": (_qwen_variant(input_length=33, hash_ids=[1, 2]), "ceil(33/16) = 3"),
@@ -443,6 +446,10 @@ TRACELAB_BROKEN = {
         "'timing_events[0].event_type': expected a string",
     ),
     "missing session": ('{"round_index": 0}', "missing field 'session_id'"),
+    "centuries later": (
+        tracelab_row(events=[{"event_type": "text", "timestamp": "2999-01-01T00:00:00Z"}]),
+        "arrival 3.06919e+10 s after the first must be at most 1e+09 s",
+    ),
 }
 
 
@@ -588,6 +595,11 @@ PARQUET_BROKEN = {
         "traffic_class: must be a code in [0, 2) (first at row 1)",
     ),
     "zero output": (dict(output_len=pa.array([1, 0], pa.int64())), "output_len: must be >= 1"),
+    "far arrival": (
+        dict(arrival_s=pa.array([0.0, 1e300])),
+        "'arrival_s': must be at most 1e+09 s (31.7 years) from the trace's start, got 1e+300 "
+        "(first at row 1)",
+    ),
 }
 
 

@@ -241,6 +241,8 @@ MOONCAKE_BROKEN = {
     "negative length": (mooncake_row(input_length=-5, hash_ids=[]), "'input_length': must be >= 1"),
     "zero output": (mooncake_row(output_length=0), "'output_length': must be >= 1"),
     "negative timestamp": (mooncake_row(ts=-1), "'timestamp': must be finite and >= 0"),
+    # issue 29: 1e300 ms made `run` spin and `trace stats` fail; past 31.7 years is refused
+    "far timestamp": (mooncake_row(ts=1e300), "'timestamp': must be at most 1e+12 ms"),
     "string timestamp": (mooncake_row(ts="0"), "'timestamp': expected a number"),
     "hash count": (mooncake_row(input_length=1025, hash_ids=[1, 2]), "needs ceil(1025/512) = 3"),
     "hash type": (mooncake_row(hash_ids=[0, "1"]), "'hash_ids'[1]: expected an integer"),
@@ -314,6 +316,7 @@ AZURE_BROKEN = {
     "missing value": ("2023-11-16 18:15:47.0,10", "'GeneratedTokens': expected an integer"),
     "extra value": ("2023-11-16 18:15:47.0,10,2,9", "malformed CSV"),
     "blank line": ("", "'TIMESTAMP'"),
+    "centuries later": ("2262-01-01 00:00:00.0,10,2", "arrival 7.51449e+09 s after the first must"),
 }
 
 

@@ -22,6 +22,26 @@ from deepinfer_sim.traces.source import RequestSource
 if TYPE_CHECKING:  # pandas is imported by the CSV readers only, when they run
     import pandas as pd
 
+MAX_ARRIVAL_S = 1e9
+"""The latest arrival a trace may hold, in seconds from its start (31.7 years): the simulator's
+clock is float64 seconds, which keep sub-microsecond steps only that far (a timestamp of 1e300
+made ``run`` spin and ``trace stats`` fail), and no run simulates more than a year anyway."""
+
+_TOO_LATE = f"must be at most {MAX_ARRIVAL_S:g} s (31.7 years) from the trace's start"
+
+
+def check_arrival_span(file: str, arrival: np.ndarray, line_of_row: Any = None) -> None:
+    """Refuse the first arrival past :data:`MAX_ARRIVAL_S` (seconds from the trace start, after
+    a reader re-timed it) with a ``TraceError`` naming its line (``line_of_row(k)``; default
+    ``k + 1``, one JSON row per line)."""
+    late = arrival > MAX_ARRIVAL_S
+    if late.any():
+        k = int(np.argmax(late))
+        line = line_of_row(k) if line_of_row is not None else k + 1
+        raise TraceError(
+            file, f"arrival {float(arrival[k]):.6g} s after the first {_TOO_LATE}", line=line
+        )
+
 
 def _trace_name(path: str | os.PathLike[str]) -> str:
     name = Path(path).name
@@ -172,6 +192,7 @@ def _seconds_column(df: pd.DataFrame, column: str) -> tuple[np.ndarray, list[_Ch
     return values, [
         (~ok, column, "expected a finite number of seconds"),
         (ok & (values < 0), column, "must be >= 0"),
+        (ok & (values > MAX_ARRIVAL_S), column, _TOO_LATE),
     ]
 
 
@@ -214,6 +235,8 @@ class _Row:
             raise self.fail(field, f"expected a number (seconds), got {_describe(value)}")
         if not (math.isfinite(value) and value >= 0):
             raise self.fail(field, f"must be finite and >= 0, got {value}")
+        if value > MAX_ARRIVAL_S:
+            raise self.fail(field, f"{_TOO_LATE}, got {value}")
         return float(value)
 
     def text(self, field: str) -> str:

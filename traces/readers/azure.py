@@ -15,6 +15,7 @@ from deepinfer_sim.traces.readers._common import (
     _raise_first_bad,
     _read_csv,
     _trace_name,
+    check_arrival_span,
 )
 from deepinfer_sim.traces.source import RequestSource
 
@@ -60,6 +61,7 @@ def read_azure(
         parsed = parsed.dt.tz_convert(None)
     ns = parsed.to_numpy(dtype="datetime64[ns]").astype(np.int64)
     arrival = (ns - ns.min()) / 1e9
+    check_arrival_span(file, arrival, lambda k: k + 2)  # data row k is file line k + 2
     output_len = np.maximum(output_len, 1)
 
     name = _trace_name(path)

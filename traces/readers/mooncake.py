@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 
 from deepinfer_sim.errors import TraceError
-from deepinfer_sim.traces.readers._common import _describe, _jsonl_objects, _trace_name
+from deepinfer_sim.traces.readers._common import (
+    MAX_ARRIVAL_S,
+    _describe,
+    _jsonl_objects,
+    _trace_name,
+)
 from deepinfer_sim.traces.source import RequestSource
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -36,6 +41,13 @@ def _mooncake_row(obj: Any, file: str, line: int) -> tuple[float, int, int, list
         )
     if not (math.isfinite(ts) and ts >= 0):
         raise TraceError(file, f"field 'timestamp': must be finite and >= 0, got {ts}", line=line)
+    if ts > MAX_ARRIVAL_S * 1000.0:
+        raise TraceError(
+            file,
+            f"field 'timestamp': must be at most {MAX_ARRIVAL_S * 1000:g} ms (31.7 years) from the "
+            f"trace's start, got {ts}",
+            line=line,
+        )
     lengths = []
     for field in ("input_length", "output_length"):
         value = obj[field]

@@ -20,7 +20,7 @@ import numpy as np
 
 from deepinfer_sim.errors import TraceError
 from deepinfer_sim.traces._files import read_bytes
-from deepinfer_sim.traces.readers._common import _describe
+from deepinfer_sim.traces.readers._common import MAX_ARRIVAL_S, _describe
 from deepinfer_sim.traces.source import RequestSource
 
 PARQUET_METADATA_KEY = b"deepinfer_sim.trace"
@@ -178,6 +178,14 @@ def read_parquet(path: str | os.PathLike[str], traffic_class: str | None = None)
         raise TraceError(file, "column 'block_hashes': null block ids")
     offsets = np.asarray(col.offsets, dtype=np.int64)
     offsets = offsets - offsets[0]
+    late = columns["arrival_s"] > MAX_ARRIVAL_S
+    if late.any():
+        k = int(np.argmax(late))
+        raise TraceError(
+            file,
+            f"column 'arrival_s': must be at most {MAX_ARRIVAL_S:g} s (31.7 years) from the "
+            f"trace's start, got {float(columns['arrival_s'][k]):.6g} (first at row {k})",
+        )
     if traffic_class is not None:
         class_names = (traffic_class,)
         columns["traffic_class"] = np.zeros(len(table), dtype=np.int8)

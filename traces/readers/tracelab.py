@@ -20,6 +20,7 @@ from deepinfer_sim.traces.readers._common import (
     _jsonl_objects,
     _Row,
     _trace_name,
+    check_arrival_span,
 )
 from deepinfer_sim.traces.source import RequestSource
 
@@ -135,8 +136,10 @@ def read_tracelab(
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(n_blocks, out=offsets[1:])
     arrival = np.asarray(times, dtype=np.float64)
+    arrival = arrival - arrival.min()
+    check_arrival_span(file, arrival)
     return RequestSource.from_columns(
-        arrival_s=arrival - arrival.min(),
+        arrival_s=arrival,
         input_len=np.asarray(inputs, dtype=np.int64),
         output_len=np.asarray(outputs, dtype=np.int64),
         block_offsets=offsets,
