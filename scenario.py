@@ -49,10 +49,27 @@ MAX_CLOCK_TICKS = 10_000_000
 
 
 class ExpertParallelPool(FrozenModel):
-    """What prefill instances and decode groups share: expert-parallel ranks with redundant
-    expert slots, and how a step overlaps its all-to-all."""
+    """What prefill instances and decode groups share: GPUs whose routed experts are spread by
+    expert parallelism, with redundant expert slots; how attention and dense layers split over
+    them (``tp``: tensor parallel within a data-parallel rank; 1, DeepSeek's shape: every GPU a
+    rank) and the experts (``moe_tp``: each expert sliced over that many GPUs); how a step
+    overlaps its all-to-all."""
 
-    ep: int = Field(1, ge=1, le=MAX_EP, description="expert-parallel width (= DP)")
+    ep: int = Field(1, ge=1, le=MAX_EP, description="GPUs of one instance (= DP when tp = 1)")
+    tp: int = Field(
+        1,
+        ge=1,
+        le=72,
+        description="tensor-parallel width of attention and dense layers: each data-parallel "
+        "rank spans tp GPUs of one scale-up domain (dp = ep / tp ranks)",
+    )
+    moe_tp: int = Field(
+        1,
+        ge=1,
+        le=72,
+        description="expert tensor parallelism: each routed expert sliced over moe_tp GPUs, "
+        "the experts spread over ep / moe_tp groups (1: whole experts, expert parallelism)",
+    )
     redundant_experts_per_gpu: int = Field(0, ge=0, le=1024)
     redundant_experts: int | None = Field(
         None,
@@ -66,6 +83,24 @@ class ExpertParallelPool(FrozenModel):
         "other's compute (replaces cost_model.step.comm_overlap for this pool)",
     )
 
+    @model_validator(mode="after")
+    def _parallel_widths_divide(self) -> ExpertParallelPool:
+        for name in ("tp", "moe_tp"):
+            width = getattr(self, name)
+            if self.ep % width:
+                raise ValueError(f"{name} ({width}) must divide ep ({self.ep}), the pool's GPUs")
+        return self
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks of one instance or group: each holds its own sequences."""
+        return self.ep // self.tp
+
+    @property
+    def expert_groups(self) -> int:
+        """Expert-parallel groups the routed experts are spread over."""
+        return self.ep // self.moe_tp
+
     @property
     def redundant_per_gpu(self) -> float:
         """Redundant expert slots per GPU (fractional when a group's total does not divide)."""
@@ -75,10 +110,11 @@ class ExpertParallelPool(FrozenModel):
 
 
 class PrefillPool(ExpertParallelPool):
-    """Prefill instances: EP = DP within an instance, no tensor/context parallelism."""
+    """Prefill instances of ``ep`` GPUs: ``dp`` ranks of ``tp`` GPUs each (no context
+    parallelism)."""
 
     instances: int = Field(16, ge=1, le=MAX_INSTANCES)
-    ep: int = Field(4, ge=1, le=64, description="expert-parallel width (= DP) of one instance")
+    ep: int = Field(4, ge=1, le=64, description="GPUs of one instance (= DP when tp = 1)")
     hardware: str = "gb200"
     redundant_experts_per_gpu: int = Field(4, ge=0, le=1024)
     max_tokens_per_step: int = Field(
@@ -102,10 +138,11 @@ class PrefillPool(ExpertParallelPool):
 
 
 class DecodePool(ExpertParallelPool):
-    """Wide-EP decode groups: EP = DP ranks stepping in lockstep."""
+    """Decode groups of ``ep`` GPUs stepping in lockstep: ``dp`` ranks of ``tp`` GPUs each
+    (DeepSeek's Wide-EP: tp = 1, every GPU a rank)."""
 
     groups: int = Field(1, ge=1, le=MAX_INSTANCES)
-    ep: int = Field(64, ge=1, le=MAX_EP, description="ranks per group (EP = DP)")
+    ep: int = Field(64, ge=1, le=MAX_EP, description="GPUs per group (= ranks when tp = 1)")
     hardware: str = "gb200"
     redundant_experts_per_gpu: int = Field(1, ge=0, le=1024)
     max_seqs_per_rank: int = Field(256, ge=1, le=1 << 20)
@@ -955,21 +992,37 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
             (load_model if kind == "models" else load_hardware)(ref, base_dir)
         except ConfigError as exc:
             raise ConfigError(path, str(exc), source=source) from None
+    model = load_model(sc.model, base_dir)
     for pool, hw in sc.hardware_kinds().items():
-        name = load_hardware(hw, base_dir).name
+        spec = load_hardware(hw, base_dir)
+        name = spec.name
         if name not in sc.prices.gpu_hour_usd:
             raise ConfigError(
                 "prices.gpu_hour_usd",
                 f"no price for hardware {name!r} used by pools.{pool}",
                 source,
             )
+        sliced = model
+        if pool in ("prefill", "decode"):
+            cfg: ExpertParallelPool = getattr(sc.pools, pool)
+            if cfg.tp > spec.scaleup.domain_gpus:
+                raise ConfigError(
+                    f"pools.{pool}.tp",
+                    f"TP{cfg.tp} spans more GPUs than one scale-up domain of {name} "
+                    f"({spec.scaleup.domain_gpus}): a tensor-parallel rank's all-reduces run "
+                    "inside one",
+                    source=source,
+                )
+            try:
+                sliced = model.tp_slice(cfg.tp, cfg.moe_tp)
+            except ValueError as exc:
+                raise ConfigError(f"pools.{pool}.tp", str(exc), source=source) from None
         ref = sc.cost_model.for_pool(pool)
         if ref != "roofline":
             try:
-                check_profile(ref, load_model(sc.model, base_dir), name, base_dir)
+                check_profile(ref, sliced, name, base_dir)
             except ConfigError as exc:
                 raise ConfigError(f"cost_model.{pool}", str(exc), source=source) from None
-    model = load_model(sc.model, base_dir)
     _check_expert_split(sc, model, source)
     _check_bandwidths(sc, model, source)
     known = sc.workload.traffic_classes()
@@ -1027,7 +1080,8 @@ def _check_expert_split(sc: Scenario, model: ModelSpec, source: str) -> None:
     experts = model.moe.routed_experts
     for pool_name in ("prefill", "decode"):
         pool: ExpertParallelPool = getattr(sc.pools, pool_name)
-        problem = expert_split_problem(experts, pool.ep, _redundant_total(pool, pool.ep))
+        groups = pool.expert_groups
+        problem = expert_split_problem(experts, groups, _redundant_total(pool, groups))
         if problem is not None:
             raise ConfigError(f"pools.{pool_name}.ep", f"{problem} ({model.name})", source=source)
 

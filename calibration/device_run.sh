@@ -13,7 +13,9 @@
 # experts timed whole and alone: calibration/moe_split.py; NO_KERNELS=1 skips the kernel build
 # it does not need), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), v41kernels (V4.1-Flash's kernel
-# fits alone: no engine steps, no vision), v41mixed (V4.1-Flash with decode
+# fits alone: no engine steps, no vision), slices (kernel fits of one GPU's slice under tensor
+# parallelism, one calibrate per name in $SLICES, default V3 and V4.1-Flash at TP 2, 4, 8;
+# $OUT/slices.tar.gz holds a profile per slice), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), sizes (calibration/prefill_sizes.py:
 # prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
@@ -48,7 +50,7 @@ run() {  # run LIMIT_S NAME CMD...: one stage, its output appended to the log
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site "$REPO"/.whl/*.whl || exit 1
 ln -sfn "$REPO" /tmp/pkg/deepinfer_sim
-KB=/tmp/kb
+KB=${KB:-$REPO/.kb}  # inside the checkout (git-ignored): a warm machine keeps the build
 mkdir -p "$KB"
 [ -f "$REPO/.kbuild/site.tar.xz" ] && tar -xJf "$REPO/.kbuild/site.tar.xz" -C "$KB"
 export PYTHONPATH=$KB/site:/tmp/site:/tmp/pkg PYTHONUNBUFFERED=1
@@ -61,6 +63,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
   | tee -a "$OUT/log.txt"
 # NO_KERNELS=1: the stages need none of DeepSeek's built kernels (moesplit): no build
 if [ "${NO_KERNELS:-0}" != 1 ] && ! python3 -c "import flash_mla" >>"$OUT/log.txt" 2>&1; then
+  rm -rf "$KB/site"
   log "flash_mla does not import: building the vendored kernels"
   bash "$REPO/vendor/build-on-gpu.sh" "$KB" 2>&1 | tail -5 | tee -a "$OUT/log.txt"
   (cd "$KB" && tar -cJf "$OUT/site.tar.xz" site)
@@ -91,6 +94,12 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
     v3) run 300 v3 $CAL --model deepseek-v3 --no-vision $NOENG --out "$OUT/v3.yaml" ;;
     v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision $NOENG --out "$OUT/v4flash.yaml" ;;
     v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision $NOENG --out "$OUT/v4pro.yaml" ;;
+    slices)
+      mkdir -p /tmp/slices
+      for s in ${SLICES:-deepseek-v3@tp2 deepseek-v3@tp4 deepseek-v3@tp8 deepseek-v4.1-flash@tp2 deepseek-v4.1-flash@tp4 deepseek-v4.1-flash@tp8}; do
+        run 200 "slice $s" $CAL --model "$s" --no-engine --no-vision --out "/tmp/slices/$s.yaml"
+        tar -czf "$OUT/slices.tar.gz" -C /tmp slices
+      done ;;
     reference) run 300 reference $P.cli calibrate --device cuda --kernels reference --quick \
         --model deepseek-v4.1-flash --no-vision --out "$OUT/reference.yaml" ;;
     replay)

@@ -30,7 +30,15 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
 
-from ..models.profile import DECODE_TILES, MOE_TILES, DecodeCoef, FitError, MoeCoef, PrefillCoef
+from ..models.profile import (
+    DECODE_TILES,
+    MOE_TILES,
+    DecodeCoef,
+    FitError,
+    MoeCoef,
+    PrefillCoef,
+    tiled_verify,
+)
 
 Predict = Callable[[np.ndarray], np.ndarray]
 
@@ -153,14 +161,20 @@ def stair_cost(g: np.ndarray, k: np.ndarray, knots: np.ndarray) -> np.ndarray:
 
 
 def decode_model(
-    x: np.ndarray, X: np.ndarray, tile: int = 1, knots: np.ndarray | None = None
+    x: np.ndarray,
+    X: np.ndarray,
+    tile: int = 1,
+    knots: np.ndarray | None = None,
+    verify_tile: int = 1,
 ) -> np.ndarray:
     """x = (a, w, c, d, e, h, q, *gemm); X columns (B sequences, T = B·v query tokens, K context).
     ``gemm`` is (b,) for g = b·τ·⌈T/τ⌉, or, with ``knots``, the staircase's increments from one
-    knot to the next (non-negative, so the staircase never descends)."""
+    knot to the next (non-negative, so the staircase never descends); ``verify_tile``: the
+    context term counts v in whole tiles of that many tokens (``DecodeCoef.verify_tile``)."""
     a, w, c, d, e, h, q = x[:7]
     B, T, K = X[:, 0], X[:, 1], X[:, 2]
-    vK = np.divide(T * K, B, out=np.zeros_like(K, dtype=float), where=B > 0)
+    v = np.divide(T, B, out=np.zeros_like(K, dtype=float), where=B > 0)
+    vK = tiled_verify(v, verify_tile) * K
     ctx = np.divide(K, B, out=np.zeros_like(K, dtype=float), where=B > 0)
     if knots is None:
         gemm = x[7] * tiled(T, tile)
@@ -225,13 +239,13 @@ DecodeForm = tuple[int, bool]  # (row tile τ, staircase table or b·τ·k)
 
 
 def _fit_decode_form(
-    X: np.ndarray, t: np.ndarray, form: DecodeForm
+    X: np.ndarray, t: np.ndarray, form: DecodeForm, verify_tile: int = 1
 ) -> tuple[np.ndarray, np.ndarray | None]:
     tile, table = form
     knots = np.unique(np.ceil(X[:, 1] / tile)) if table else None
 
     def model(x: np.ndarray, Xq: np.ndarray) -> np.ndarray:
-        return decode_model(x, Xq, tile, knots)
+        return decode_model(x, Xq, tile, knots, verify_tile)
 
     x, _ = _fit_nonlinear(model, X, t, _decode_x0(X, t, tile, knots))
     return x, knots
@@ -250,8 +264,10 @@ def fit_decode(
     tiles: tuple[int, ...] = DECODE_TILES,
     folds: int = 5,
     staircase: bool = True,
+    verify_tile: int = 1,
 ) -> tuple[DecodeCoef, FitError]:
-    """X columns: (B sequences, T query tokens = B·v, K context tokens); t seconds. The form
+    """X columns: (B sequences, T query tokens = B·v, K context tokens); t seconds;
+    ``verify_tile``: the attention kernel's verify tokens per query tile (DecodeCoef). The form
     (row tile τ; the GEMM term linear in tiles or a measured staircase) with the lowest
     cross-validated MAPE on the training grid is refitted on all of it (ties: the earlier, simpler
     form). The folds hold out whole row counts T, so each form is scored where it must
@@ -264,18 +280,21 @@ def fit_decode(
         errs = []
         for held in parts:
             train = np.setdiff1d(np.arange(len(t)), held)
-            x, knots = _fit_decode_form(X[train], t[train], form)
-            errs.append(ape(decode_model(x, X[held], form[0], knots), t[held]))
+            x, knots = _fit_decode_form(X[train], t[train], form, verify_tile)
+            errs.append(ape(decode_model(x, X[held], form[0], knots, verify_tile), t[held]))
         cv = float(np.concatenate(errs).mean())
         if best is None or cv < best[0] * (1 - 1e-6):
             best = (cv, form)
     assert best is not None
     form = best[1]
     tile = form[0]
-    x, knots = _fit_decode_form(X, t, form)
+    x, knots = _fit_decode_form(X, t, form, verify_tile)
     a, w, c, d, e, h, q = (float(v) for v in x[:7])
+    vt = verify_tile
     if knots is None:
-        out = DecodeCoef(a=a, w=w, b=float(x[7]), c=c, d=d, e=e, h=h, q=q, tile=tile)
+        out = DecodeCoef(
+            a=a, w=w, b=float(x[7]), c=c, d=d, e=e, h=h, q=q, tile=tile, verify_tile=vt
+        )
     else:
         g = np.cumsum(x[7:])
         top = int(knots[-1])
@@ -283,7 +302,17 @@ def fit_decode(
         steps = np.maximum.accumulate(steps)  # float rounding only: g is non-decreasing
         b = float(g[-1] / (tile * top))
         out = DecodeCoef(
-            a=a, w=w, b=b, c=c, d=d, e=e, h=h, q=q, tile=tile, steps=tuple(float(s) for s in steps)
+            a=a,
+            w=w,
+            b=b,
+            c=c,
+            d=d,
+            e=e,
+            h=h,
+            q=q,
+            tile=tile,
+            steps=tuple(float(s) for s in steps),
+            verify_tile=vt,
         )
     return out, score(lambda Xq: decode_coef_model(out, Xq), X, t, X_off, t_off)
 

@@ -43,6 +43,7 @@ from .sweep import (
     fit_experts_alone,
     fit_kernels,
     measurements_of,
+    verify_tiles,
 )
 
 
@@ -69,8 +70,9 @@ def refit_kernels(
         )
     models = {}
     for name, fits in profile.models.items():
-        m, top_k = measurements_of(fits.raw), load_model(name).moe.top_k
-        prefill, decode, moe, errors = fit_kernels(m, top_k, prefill_forms)
+        m, spec = measurements_of(fits.raw), load_model(name)
+        top_k = spec.moe.top_k
+        prefill, decode, moe, errors = fit_kernels(m, top_k, prefill_forms, verify_tiles(spec))
         alone = fit_experts_alone(m, top_k, errors)
         update = {"prefill": prefill, "decode": decode, "moe": moe, "moe_experts": alone}
         hardware = {hw: c.model_copy(update=update) for hw, c in fits.hardware.items()}

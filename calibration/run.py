@@ -35,6 +35,7 @@ from .sweep import (
     measure,
     measurements_of,
     raw_of,
+    verify_tiles,
 )
 
 
@@ -165,7 +166,7 @@ def partial_fits(
         m, model = measurements_of(saved["raw"]), load_model(saved["model"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a calibration's partial measurements ({exc})") from None
-    fits = fit_attention(m, prefill_forms)[2]
+    fits = fit_attention(m, prefill_forms, verify_tiles(model))[2]
     if len(m.moe) >= 4:
         fits["moe"] = fit_routed(m, model.moe.top_k)[1]
     fit_experts_alone(m, model.moe.top_k, fits)

@@ -47,6 +47,7 @@ class LayerShape:
     top_k: int
     expert_width: int
     shared_experts: int
+    shared_expert_width: int = 0  # 0: expert_width (a tensor-parallel slice narrows it apart)
     # MLA (V3) only: latent width, rotary width, per-head no-rope q/k width and value width
     kv_lora: int = 0
     rope_dim: int = 0
@@ -72,7 +73,7 @@ class LayerShape:
 
     @property
     def shared_width(self) -> int:
-        return self.shared_experts * self.expert_width
+        return self.shared_experts * (self.shared_expert_width or self.expert_width)
 
     @classmethod
     def from_model(cls, spec: ModelSpec, local_experts: int) -> LayerShape:
@@ -111,6 +112,7 @@ class LayerShape:
             top_k=min(moe.top_k, local_experts),
             expert_width=moe.expert_width,
             shared_experts=moe.shared_experts,
+            shared_expert_width=moe.shared_expert_width or 0,
             **mla,
         )
 

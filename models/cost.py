@@ -42,6 +42,32 @@ PHASES: tuple[Phase, ...] = ("prefill", "decode", "replay")
 Chunk = tuple[int, int]  # (new tokens computed this step, prefix tokens already computed)
 
 
+class TensorParallelParams(FrozenModel):
+    """How a tensor-parallel group's collectives cost (engine and interconnect knobs)."""
+
+    allreduce_latency_s: float = Field(
+        1e-5,
+        ge=0,
+        le=1e-2,
+        description="fixed time of one all-reduce inside a scale-up domain, whatever its size "
+        "(launch, synchronisation; NCCL's small-message all-reduce over NVLink: ~10 µs)",
+    )
+    bandwidth_efficiency: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="share of the scale-up link's bandwidth per direction an all-reduce reaches",
+    )
+    allreduces_per_layer: int = Field(
+        2,
+        ge=0,
+        le=8,
+        description="all-reduces per layer: after attention's output projection and after the "
+        "FFN / MoE (whose combine it is when experts sit on the same GPUs)",
+    )
+    activation_bytes: float = Field(2.0, gt=0, le=4, description="bytes per reduced value (bf16)")
+
+
 class StepParams(FrozenModel):
     """Engine-level knobs shared by every cost model (not measured by kernel calibration)."""
 
@@ -52,6 +78,7 @@ class StepParams(FrozenModel):
         2e-4, ge=0, description="fixed cost per engine step (scheduling, sampling, sync)"
     )
     all_to_all: AllToAllParams = AllToAllParams()
+    tensor_parallel: TensorParallelParams = TensorParallelParams()
 
 
 class RooflineParams(FrozenModel):
@@ -89,7 +116,8 @@ class StepBreakdown:
     attends to context — a prompt's own earlier tokens and its prefix in prefill, the cached
     context in decode (the slowest rank's dense time minus the same tokens without it) —,
     ``permute_s`` the part of ``experts_s`` that is the engine's permutes around a normal-mode
-    exchange, and ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
+    exchange, ``tp_comm_s`` the part of ``dense_s`` that is a tensor-parallel group's
+    all-reduces, and ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
 
     step_s: float
     dense_s: float
@@ -99,11 +127,13 @@ class StepBreakdown:
     a2a_exposed_s: float
     overhead_s: float
     permute_s: float = 0.0
+    tp_comm_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {
-            "dense": self.dense_s - self.attention_s,
+            "dense": self.dense_s - self.attention_s - self.tp_comm_s,
             "attention": self.attention_s,
+            "tp_allreduce": self.tp_comm_s,
             "experts": self.experts_s - self.permute_s,
             "permutes": self.permute_s,
             "a2a_exposed": self.a2a_exposed_s,
@@ -114,11 +144,38 @@ class StepBreakdown:
 
 @dataclass(frozen=True, slots=True)
 class PoolShape:
-    """The parallel shape a StepCost is built for."""
+    """The parallel shape a StepCost is built for: ``ep`` GPUs per instance (or decode group),
+    attention and dense layers ``tp``-way tensor parallel (so ``dp = ep / tp`` data-parallel
+    ranks), routed experts ``moe_tp``-way tensor parallel over ``expert_groups = ep / moe_tp``
+    expert-parallel groups. DeepSeek's shape is tp = moe_tp = 1: every GPU a rank."""
 
     ep: int
     redundant_experts_per_gpu: float
     two_batch_overlap: bool = False  # see StepCost.compose_tbo
+    tp: int = 1
+    moe_tp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "moe_tp"):
+            width = getattr(self, name)
+            if width < 1 or self.ep % width:
+                raise ValueError(f"{name}={width} must divide the pool's {self.ep} GPUs")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: each holds its own sequences, on ``tp`` GPUs."""
+        return self.ep // self.tp
+
+    @property
+    def expert_groups(self) -> int:
+        """Expert-parallel groups the routed experts are spread over (``moe_tp`` GPUs each)."""
+        return self.ep // self.moe_tp
+
+    @property
+    def replicated_tokens(self) -> bool:
+        """One data-parallel rank on all GPUs: every GPU holds every token, so the experts need
+        no all-to-all (their combine is the layer's all-reduce)."""
+        return self.dp == 1 and self.ep > 1
 
 
 class StepCost(ABC):
@@ -152,6 +209,30 @@ class StepCost(ABC):
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Routed-expert time of one rank that receives this many tokens (per MoE layer)."""
 
+    def _set_tensor_parallel(self, model: ModelSpec, hw: HardwareSpec, step: StepParams) -> None:
+        """The all-reduces of a ``shape.tp``-wide group, per layer: α + β·tokens, a ring's
+        2(tp − 1)/tp of the activations over the scale-up link (zero at tp = 1)."""
+        tp, p = self.shape.tp, step.tensor_parallel
+        self._tp_layers = {
+            "prefill": model.prefill_layers,
+            "decode": model.n_layers,
+            "replay": model.replay_only_layers,
+        }
+        if tp == 1:
+            self._tp_alpha = self._tp_beta = 0.0
+            return
+        link = hw.scaleup.bytes_per_s_per_dir * p.bandwidth_efficiency
+        self._tp_alpha = p.allreduces_per_layer * p.allreduce_latency_s
+        ring = 2.0 * (tp - 1) / tp
+        self._tp_beta = p.allreduces_per_layer * ring * model.hidden * p.activation_bytes / link
+
+    def tp_comm_s(self, tokens: float, phase: Phase) -> float:
+        """A tensor-parallel group's all-reduces over the phase's layers for ``tokens`` tokens
+        of one data-parallel rank (0 without tensor parallelism or tokens)."""
+        if tokens <= 0 or self.shape.tp == 1:
+            return 0.0
+        return self._tp_layers[phase] * (self._tp_alpha + self._tp_beta * tokens)
+
     def a2a_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Dispatch + combine time over all MoE layers for ``tokens_per_rank`` tokens per rank."""
         return self._a2a.time(tokens_per_rank, phase)
@@ -170,12 +251,21 @@ class StepCost(ABC):
         and the exchange lasts as long as its busiest end — that rank receiving, or the busiest
         sender sending."""
         received = self._received(sent_sum, imbalance)
+        if self.shape.replicated_tokens:  # every GPU holds every token: no exchange
+            return self.moe_s(received, phase), 0.0
         experts = self.moe_s(received, phase) + self._a2a.permute_s(received, phase)
-        return experts, self.a2a_s(max(sent_max, received), phase)
+        # a tensor-parallel rank's GPUs each send their share of its tokens
+        return experts, self.a2a_s(max(sent_max / self.shape.tp, received), phase)
 
     def _received(self, sent_sum: float, imbalance: float) -> float:
-        """Tokens the hottest rank receives when the ranks send ``sent_sum`` in all."""
-        return imbalance * sent_sum / self.shape.ep
+        """Tokens the hottest expert group receives when the ranks send ``sent_sum`` in all."""
+        return imbalance * sent_sum / self.shape.expert_groups
+
+    def _permute_s(self, sent_sum: float, imbalance: float, phase: Phase) -> float:
+        """The engine's permutes around a normal-mode exchange (none without an exchange)."""
+        if self.shape.replicated_tokens:
+            return 0.0
+        return self._a2a.permute_s(self._received(sent_sum, imbalance), phase)
 
     def compose(self, dense_max: float, moe: float, comm: float, phase: Phase) -> float:
         """Compute, then the all-to-all beyond what ``comm_overlap`` of the compute hides; the
@@ -225,15 +315,17 @@ class StepCost(ABC):
         comm: float,
         phase: Phase,
         permute: float = 0.0,
+        tp_comm: float = 0.0,
     ) -> StepBreakdown:
         """The parts of ``compose(dense_max, moe, comm)`` — with two-batch overlap, arguments of
         one micro-batch and parts of both; ``context_free``: the slowest rank's dense time with
         no attention (so dense_max − context_free is attention); ``permute``: the engine's
-        permutes, part of ``moe``."""
+        permutes, part of ``moe``; ``tp_comm``: the all-reduces, part of ``dense_max`` (and of
+        ``context_free``)."""
         step = self.compose_step(dense_max, moe, comm, phase)
         if self.shape.two_batch_overlap:
-            dense_max, context_free, moe, comm, permute = (
-                2 * x for x in (dense_max, context_free, moe, comm, permute)
+            dense_max, context_free, moe, comm, permute, tp_comm = (
+                2 * x for x in (dense_max, context_free, moe, comm, permute, tp_comm)
             )
         exposed = max(0.0, step - self.step_overhead_s - dense_max - moe)
         return StepBreakdown(
@@ -245,6 +337,7 @@ class StepCost(ABC):
             a2a_exposed_s=exposed,
             overhead_s=self.step_overhead_s,
             permute_s=permute,
+            tp_comm_s=tp_comm,
         )
 
     def decode_breakdown(
@@ -256,10 +349,13 @@ class StepCost(ABC):
         dense = self.decode_dense(batch, np.asarray(kv_tokens, dtype=float) * share, verify)
         i = int(np.argmax(dense))
         bare = float(self.decode_dense(batch[i : i + 1], np.zeros(1), verify)[0])
+        tp_comm = self.tp_comm_s(float(batch.max()) * verify, "decode")
         moe, comm = self.experts_and_exchange(
             float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
         )
-        return self.breakdown(float(dense[i]), bare, moe, comm, "decode")
+        return self.breakdown(
+            float(dense[i]) + tp_comm, bare + tp_comm, moe, comm, "decode", tp_comm=tp_comm
+        )
 
     def prefill_breakdown(
         self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
@@ -267,7 +363,10 @@ class StepCost(ABC):
         """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
         dense, moe, comm, permute = self._prefill_parts(ranks, imbalance)
         bare = self._prefill_parts(ranks, imbalance, attention=False)[0]
-        return self.breakdown(dense, bare, moe, comm, "prefill", permute)
+        share = 0.5 if self.shape.two_batch_overlap else 1.0
+        tokens_max = max((float(sum(n for n, _ in c)) for c in ranks), default=0.0)
+        tp_comm = self.tp_comm_s(share * tokens_max, "prefill")
+        return self.breakdown(dense, bare, moe, comm, "prefill", permute, tp_comm)
 
     def _prefill_parts(
         self,
@@ -312,13 +411,15 @@ class StepCost(ABC):
         moe, comm = self.experts_and_exchange(
             share * tokens_max, share * tokens_sum, imbalance, "prefill"
         )
-        permute = self._a2a.permute_s(self._received(share * tokens_sum, imbalance), "prefill")
+        permute = self._permute_s(share * tokens_sum, imbalance, "prefill")
+        dense_max += self.tp_comm_s(share * tokens_max, "prefill")
         if replay_sum:
             r_moe, r_comm = self.experts_and_exchange(
                 share * replay_max, share * replay_sum, imbalance, "replay"
             )
             moe, comm = moe + r_moe, comm + r_comm
-            permute += self._a2a.permute_s(self._received(share * replay_sum, imbalance), "replay")
+            permute += self._permute_s(share * replay_sum, imbalance, "replay")
+            dense_max += self.tp_comm_s(share * replay_max, "replay")
         return dense_max, moe, comm, permute
 
     def prefill_step(
@@ -344,7 +445,7 @@ class StepCost(ABC):
             for n in ns:
                 for p in ps:
                     rank = [(n, p)]
-                    ts.append(self.prefill_step([rank] * self.shape.ep, imbalance))
+                    ts.append(self.prefill_step([rank] * self.shape.dp, imbalance))
                     rows.append([1.0, float(n), float(n * p), float(n * n)])
             scale = [max(col) for col in zip(*rows, strict=True)]
             scaled = [
@@ -363,6 +464,7 @@ class StepCost(ABC):
         if self.shape.two_batch_overlap:
             batch, kv_tokens = batch * 0.5, kv_tokens * 0.5
         dense_max = float(self.decode_dense(batch, kv_tokens, verify).max())
+        dense_max += self.tp_comm_s(float(batch.max()) * verify, "decode")
         moe, comm = self.experts_and_exchange(
             float(batch.max()) * verify, float(batch.sum()) * verify, imbalance, "decode"
         )
@@ -377,6 +479,7 @@ class StepCost(ABC):
         batch, kv, tokens = load[0], load[1], load[2]
         verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
         dense_max = float(self.decode_dense(batch, kv, verify).max())
+        dense_max += self.tp_comm_s(float(tokens.max()), "decode")
         moe, comm = self.experts_and_exchange(
             float(tokens.max()), float(tokens.sum()), imbalance, "decode"
         )
@@ -410,11 +513,13 @@ class RooflineStepCost(StepCost):
         self._attn_rate = attention_rate(params.prefill_attention_dtype)  # prefill and replay
         bw = hw.hbm_bytes_per_s * params.memory_efficiency
         self._bw = bw
-        ep, red = shape.ep, shape.redundant_experts_per_gpu
+        groups, red = shape.expert_groups, shape.redundant_experts_per_gpu
         self._expert_flops = {ph: model.linear_flops_per_token(ph)[1] for ph in PHASES}
+        self._local_experts = model.experts_per_gpu(groups, red)
+        self._top_k = model.moe.top_k
+        # weights of one local expert through every MoE layer of the phase, per second
         self._expert_mem_s = {
-            ph: model.experts_per_gpu(ep, red) * model.expert_bytes * model.moe_layer_count(ph) / bw
-            for ph in PHASES
+            ph: model.expert_bytes * model.moe_layer_count(ph) / bw for ph in PHASES
         }
         self._overhead = {
             "prefill": params.layer_overhead_s * model.prefill_layers,
@@ -440,13 +545,19 @@ class RooflineStepCost(StepCost):
         self._m0 = model.dense_weight_bytes / bw
         self._m_batch = bytes_a / bw
         self._m_kv = bytes_b / bw
-        self._a2a = AllToAll(model, hw, ep, step.all_to_all)
+        self._a2a = AllToAll(model, hw, shape.ep, step.all_to_all)
+        self._set_tensor_parallel(model, hw, step)
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
+        """max(FLOPs, weights of the experts the tokens reach): R = tokens·top_k token-expert
+        pairs reach E·(1 − e^(−R/E)) of the E local experts (uniform routing), so a small batch
+        reads a few experts' weights, not all of them."""
         if tokens_per_rank <= 0:
             return 0.0
         flops = tokens_per_rank * self._expert_flops[phase]
-        return max(flops / self._expert_rate, self._expert_mem_s[phase])
+        e = self._local_experts
+        active = e * (1.0 - fpmath.exp(-tokens_per_rank * self._top_k / e))
+        return max(flops / self._expert_rate, active * self._expert_mem_s[phase])
 
     def _chunks_compute(
         self, chunks: Sequence[Chunk], attn: TermSum, per_token: float, per_prefix: float = 0.0
@@ -503,6 +614,7 @@ class RooflineStepCost(StepCost):
         memory = (load[0] * self._m_batch + load[1] * self._m_kv).max() + self._m0
         tokens_max = load[2].max()
         dense_max = max(compute, memory) + self._overhead["decode"]
+        dense_max += self.tp_comm_s(float(tokens_max), "decode")
         moe, comm = self.experts_and_exchange(
             float(tokens_max), float(load[2].sum()), imbalance, "decode"
         )

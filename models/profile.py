@@ -103,6 +103,14 @@ def gemm_cost(tokens: np.ndarray, b: float, tile: int, steps: np.ndarray) -> np.
     return np.where(k <= n, np.where(k < 1, 0.0, table), linear)
 
 
+def tiled_verify(verify: Any, verify_tile: int) -> Any:
+    """Verify tokens per sequence as the attention kernel pays for them: rounded up to whole
+    tiles of ``verify_tile`` tokens (1: as they are)."""
+    if verify_tile == 1:
+        return verify
+    return np.ceil(np.asarray(verify, dtype=float) / verify_tile) * verify_tile
+
+
 class DecodeCoef(FrozenModel):
     a: float
     w: float = Field(ge=0)
@@ -121,6 +129,14 @@ class DecodeCoef(FrozenModel):
         (),
         description="measured GEMM cost of k = 1, 2, ... row tiles (s), non-decreasing; "
         "replaces b·τ·k up to len(steps) tiles, b·τ·k beyond (empty: b·τ·k throughout)",
+    )
+    verify_tile: int = Field(
+        1,
+        ge=1,
+        description="verify tokens one query-row tile of the attention kernel holds: the "
+        "context term e·v·K counts v rounded up to whole tiles (FlashMLA's dense decode runs "
+        "64 query rows per tile, so a TP8 slice of V3 with 16 heads pays for 4 tokens at once); "
+        "1: every verify token",
     )
 
     @model_validator(mode="after")
@@ -144,7 +160,12 @@ class DecodeCoef(FrozenModel):
         K = np.asarray(kv_tokens, dtype=float)
         ctx = np.divide(K, B, out=np.zeros_like(K * B), where=B > 0)
         t = self.a + np.maximum(self.w, self.gemm_s(B * verify)) + self.c * K + self.d * B
-        return t + self.e * verify * K + self.h * ctx + self.q * B * verify
+        return (
+            t
+            + self.e * tiled_verify(verify, self.verify_tile) * K
+            + self.h * ctx
+            + self.q * B * verify
+        )
 
 
 class MoeCoef(FrozenModel):
@@ -370,6 +391,19 @@ class Profile(FrozenModel):
         for name, fits in self.models.items():
             if _widths(name, fits) == want:
                 return fits
+        base, sep, width = spec.name.partition("@")
+        if sep:  # one GPU's slice under tensor parallelism: name the widths it was measured at
+            measured = sorted(
+                n.partition("@")[2] or "tp1" for n in self.models if n.startswith(base)
+            )
+            raise ConfigError(
+                "",
+                f"profile {self.name!r} has no fits for {base} at {width} (one GPU's slice: "
+                f"{spec.attention.heads} heads; it was measured at "
+                f"{', '.join(measured) or 'no width of this model'}): calibrate the slice "
+                f"(deepinfer-sim calibrate --model {spec.name} ...) and merge it in "
+                "(deepinfer-sim merge-profiles), or use the roofline cost model",
+            )
         raise ConfigError(
             "",
             f"profile {self.name!r} has no fits for model {spec.name!r} (it has fits for "

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
-from .profile import HardwareCoefs, gemm_cost
+from .profile import HardwareCoefs, gemm_cost, tiled_verify
 from .spec import ModelSpec
 
 
@@ -123,6 +123,7 @@ class ProfileStepCost(StepCost):
         self._dec_kv = 0.0
         self._dec_seq = 0.0
         self._dec_vkv = 0.0
+        self._dec_vkv_tiled: dict[int, float] = {}  # verify tile -> e summed (DecodeCoef)
         self._dec_ctx = 0.0
         self._dec_query = 0.0
         for kind, n in counts.items():
@@ -131,14 +132,20 @@ class ProfileStepCost(StepCost):
             self._dec_const += n * c.a
             self._dec_kv += n * c.c
             self._dec_seq += n * c.d
-            self._dec_vkv += n * c.e
+            if c.verify_tile == 1:
+                self._dec_vkv += n * c.e
+            else:
+                tiled = self._dec_vkv_tiled.get(c.verify_tile, 0.0)
+                self._dec_vkv_tiled[c.verify_tile] = tiled + n * c.e
             self._dec_ctx += n * c.h
             self._dec_query += n * c.q
         # across ranks, a rank's experts cost their own work where the profile timed it alone:
         # DeepEP's kernels sort, quantize, gather and combine the rows (their time is the
         # all-to-all's); in prefill an engine's fused permutes remain (each moves a row once; not
         # charged). One rank (the engine core's replays) runs the whole measured call.
-        alone = coefs.moe_experts if shape.ep > 1 else None
+        alone = (
+            coefs.moe_experts if shape.expert_groups > 1 and not shape.replicated_tokens else None
+        )
         # per phase, as plain floats for the hot path: (a, e, f, rows per tile, k)
         fits = {ph: alone or coefs.moe for ph in PHASES}
         self._moe_fit = {
@@ -152,7 +159,9 @@ class ProfileStepCost(StepCost):
             else 0.0
             for ph in PHASES
         }
-        self._moe_experts = model.experts_per_gpu(shape.ep, shape.redundant_experts_per_gpu)
+        self._moe_experts = model.experts_per_gpu(
+            shape.expert_groups, shape.redundant_experts_per_gpu
+        )
         self._top_k = model.moe.top_k
         if eager and not overlap:  # the engine core's own host time per step (EngineOverhead)
             self._pre = (
@@ -174,6 +183,7 @@ class ProfileStepCost(StepCost):
         self._a2a = AllToAll(
             model, hw, shape.ep, step.all_to_all, a2a.link_efficiency, a2a.latency_s
         )
+        self._set_tensor_parallel(model, hw, step)
 
     def prefill_step(
         self,
@@ -227,6 +237,8 @@ class ProfileStepCost(StepCost):
             t = t + self._dec_query * tokens
         if self._dec_vkv:
             t = t + self._dec_vkv * verify * kv_tokens
+        for vt, e in self._dec_vkv_tiled.items():
+            t = t + e * tiled_verify(verify, vt) * kv_tokens
         if self._dec_ctx:
             mean_ctx = np.divide(kv_tokens, batch, out=np.zeros_like(t), where=batch > 0)
             t = t + self._dec_ctx * mean_ctx

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -55,8 +56,22 @@ def _load_hardware(path: Path) -> HardwareSpec:
     return load_yaml_model(HardwareSpec, path)
 
 
+_SLICE = re.compile(r"^(?P<base>.+)@tp(?P<tp>[0-9]+)(?:-moetp(?P<moe_tp>[0-9]+))?$")
+
+
 def load_model(ref: str, base_dir: Path | None = None) -> ModelSpec:
-    return _load_model(resolve("models", ref, base_dir))
+    """A bundled model name or a YAML path; ``NAME@tpT`` (``NAME@tpT-moetpM``) is one GPU's
+    slice of it under tensor parallelism (:meth:`ModelSpec.tp_slice`), e.g. what
+    ``calibrate --model deepseek-v3@tp8`` times."""
+    m = _SLICE.match(ref)
+    if m is None:
+        return _load_model(resolve("models", ref, base_dir))
+    base = _load_model(resolve("models", m["base"], base_dir))
+    tp, moe_tp = int(m["tp"]), int(m["moe_tp"] or 1)
+    try:
+        return base.tp_slice(tp, moe_tp)
+    except ValueError as exc:
+        raise ConfigError("", f"model {ref!r}: {exc}") from None
 
 
 def load_hardware(ref: str, base_dir: Path | None = None) -> HardwareSpec:

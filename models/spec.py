@@ -89,6 +89,12 @@ class MoE(FrozenModel):
     dense_layers: int = Field(0, ge=0)
     hash_routed_layers: int = Field(0, ge=0)
     dense_ffn_width: int = Field(0, ge=0)
+    shared_expert_width: int | None = Field(
+        None,
+        gt=0,
+        description="width of one shared expert (None: expert_width); differs from the routed "
+        "experts' in a tensor-parallel slice (ModelSpec.tp_slice)",
+    )
     expert_groups: int = Field(1, ge=1, description="routing groups (hierarchical EPLB)")
     topk_groups: int | None = Field(
         None,
@@ -200,6 +206,65 @@ class ModelSpec(FrozenModel):
     def expert_bytes(self) -> float:
         return self.expert_params * dtype_bytes(self.precision.experts)
 
+    @property
+    def shared_expert_params(self) -> int:
+        """One shared expert (gate, up, down projections)."""
+        return 3 * self.hidden * (self.moe.shared_expert_width or self.moe.expert_width)
+
+    def tp_slice(self, tp: int, moe_tp: int = 1) -> ModelSpec:
+        """What one GPU of a tensor-parallel group holds and computes, as a model of its own.
+
+        Attention and dense layers split ``tp`` ways the way serving engines split them
+        (Megatron-style): per-head projections (the query up-projection, MLA's key/value
+        up-projection, the output projection; V4's grouped output projection by whole groups),
+        the shared expert, dense FFNs and the vocabulary (embedding and output head) are sliced;
+        the low-rank input projections, the latent (shared) KV head and its cache, the CSA
+        indexer and the router are replicated — every GPU holds the whole KV cache of its
+        sequences. Routed experts split ``moe_tp`` ways (expert tensor parallelism; 1: whole
+        experts, spread by expert parallelism). An FFN width made of 128-column blocks is sliced
+        into whole blocks, the slice padded up (what FP8 block-scaled kernels need; an engine
+        pads or runs that GEMM wider). ``tp = moe_tp = 1`` is the model itself."""
+        if tp == 1 and moe_tp == 1:
+            return self
+        a, moe = self.attention, self.moe
+
+        def split(value: int, what: str, by: int) -> int:
+            if value % by:
+                raise ValueError(f"{self.name}: {what} ({value}) does not split {by} ways")
+            return value // by
+
+        def gemm_width(value: int, what: str, by: int) -> int:
+            """A sliced GEMM width; a width made of 128-column blocks (FP8 block scaling) stays
+            so, padded up (V4.1-Flash's 2,304-wide shared expert in 8 slices: 288 -> 384)."""
+            sliced = split(value, what, by)
+            return -(-sliced // 128) * 128 if value % 128 == 0 else sliced
+
+        attention = {
+            **a.model_dump(),
+            "heads": split(a.heads, "attention heads", tp),
+            "o_groups": split(a.o_groups, "output-projection groups", tp) if a.o_lora else 1,
+        }
+        shared = moe.shared_expert_width or moe.expert_width
+        moe_slice = {
+            **moe.model_dump(),
+            "expert_width": gemm_width(moe.expert_width, "the routed expert width", moe_tp),
+            "shared_expert_width": gemm_width(shared, "the shared expert width", tp),
+            "dense_ffn_width": gemm_width(moe.dense_ffn_width, "the dense FFN width", tp),
+        }
+        suffix = f"@tp{tp}" + (f"-moetp{moe_tp}" if moe_tp > 1 else "")
+        # validated anew (not model_copy, which would carry this model's cached properties)
+        return type(self).model_validate(
+            {
+                **self.model_dump(),
+                "name": self.name + suffix,
+                "display_name": f"{self.display_name} (one GPU of TP{tp}"
+                + (f", expert TP{moe_tp})" if moe_tp > 1 else ")"),
+                "vocab": -(-self.vocab // tp),  # vocabulary-parallel: the last slice padded
+                "attention": attention,
+                "moe": moe_slice,
+            }
+        )
+
     def attention_params(self, group: LayerGroup) -> int:
         a, h = self.attention, self.hidden
         q_out = a.heads * (a.mla_qk_head_dim or a.head_dim)
@@ -230,7 +295,7 @@ class ModelSpec(FrozenModel):
         dense_ffn_layers = min(self.moe.dense_layers, layers)
         ffn = dense_ffn_layers * 3 * self.hidden * self.moe.dense_ffn_width
         moe_layers = layers - dense_ffn_layers
-        shared = moe_layers * self.moe.shared_experts * self.expert_params
+        shared = moe_layers * self.moe.shared_experts * self.shared_expert_params
         router = moe_layers * self.hidden * self.moe.routed_experts
         return float(attn + ffn + shared + router)
 

@@ -56,8 +56,8 @@ def prefill_tokens_per_s(sc: Scenario) -> float:
         sc, "prefill", model, load_hardware(pool.hardware), pool.ep, pool.redundant_per_gpu
     )
     n = pool.max_tokens_per_step
-    step = cost.prefill_step([[(n, 0)]] * pool.ep, sc.policies.expert_imbalance.prefill)
-    return pool.ep * n / step
+    step = cost.prefill_step([[(n, 0)]] * pool.dp, sc.policies.expert_imbalance.prefill)
+    return pool.dp * n / step
 
 
 _DECODE_CACHE: dict[tuple[str, int], float] = {}
@@ -81,7 +81,7 @@ def _measure_decode(sc: Scenario, context: int) -> float:
 
 def decode_tokens_per_s(sc: Scenario, context: int) -> float:
     """Output tokens per second one decode group sustains at its largest batch."""
-    return _decode_tok_s_per_rank(sc, context) * sc.pools.decode.ep
+    return _decode_tok_s_per_rank(sc, context) * sc.pools.decode.dp
 
 
 def rate_bound(sc: Scenario, stats: WorkloadStats) -> float:

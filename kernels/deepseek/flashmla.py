@@ -15,11 +15,13 @@
 In every one K = V (MQA over a shared latent): the value is the key's first ``d_v`` values.
 
 The real kernels run where ``flash_mla`` imports, the device is SM90 (the build here) and the
-shape is one they support (d 512 or 576, 64 or 128 heads). Everywhere else — the CPU, toy widths
-in tests — the emulation computes the same function in float32 from the same inputs, so the
-index and layout logic of the callers is tested without a GPU, and ``gpu_check`` compares the
-emulation with the kernel on the device. ``MODE`` forces one or the other ("auto", "emulate",
-"kernel"). ``used`` records which ran.
+shape is one they support (d 512 or 576; the sparse kernels 64 or 128 heads: fewer — one GPU's
+slice under tensor parallelism — are padded with zero heads up to 64 or 128 and the padding's
+output dropped, as serving engines do; the dense kernel takes any head count). Everywhere
+else — the CPU, toy widths in tests — the emulation computes the same function in float32
+from the same inputs, so the index and layout logic of the callers is tested without a GPU,
+and ``gpu_check`` compares the emulation with the kernel on the device. ``MODE`` forces one
+or the other ("auto", "emulate", "kernel"). ``used`` records which ran.
 """
 
 from __future__ import annotations
@@ -64,10 +66,26 @@ def kernels_available(device: torch.device) -> bool:
 def _use_kernel(device: torch.device, d: int, heads: int) -> bool:
     if MODE == "emulate":
         return False
-    ok = kernels_available(device) and d in (512, 576) and heads in (64, 128)
+    ok = kernels_available(device) and d in (512, 576) and 0 < heads <= 128
     if MODE == "kernel" and not ok:
         raise RuntimeError(f"FlashMLA cannot run here (d={d}, heads={heads}): {import_error()}")
     return ok
+
+
+def kernel_heads(heads: int) -> int:
+    """The head count a sparse FlashMLA kernel runs ``heads`` query heads at (64 or 128)."""
+    return 64 if heads <= 64 else 128
+
+
+def _pad_heads(q: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``q`` with zero heads appended along ``head_dim`` up to :func:`kernel_heads`."""
+    h = q.shape[head_dim]
+    pad = kernel_heads(h) - h
+    if not pad:
+        return q
+    shape = list(q.shape)
+    shape[head_dim] = pad
+    return torch.cat([q, q.new_zeros(shape)], dim=head_dim)
 
 
 def _attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: float, d_v: int):
@@ -116,7 +134,7 @@ def sparse_decode(
             if sched is not None:
                 sched[sched_key] = meta
         out, _ = fm.flash_mla_with_kvcache(
-            q,
+            _pad_heads(q, 2),
             cache.kernel_view(),
             None,
             None,
@@ -132,7 +150,7 @@ def sparse_decode(
             extra_topk_length=extra_topk_length,
         )
         used.add("flash_mla.sparse_decode")
-        return out
+        return out[:, :, :h] if out.shape[2] != h else out
     used.add("emulated.sparse_decode")
     n = b * s_q
     keys, valid = _gather(cache, indices.reshape(n, -1), None)
@@ -162,7 +180,7 @@ def sparse_prefill(
     if _use_kernel(q.device, d, h) and d_v == 512:
         fm = _module()
         out = fm.flash_mla_sparse_fwd(
-            q,
+            _pad_heads(q, 1),
             kv.view(kv.shape[0], 1, d),
             indices.view(s_q, 1, -1),
             sm_scale,
@@ -171,7 +189,7 @@ def sparse_prefill(
             topk_length,
         )[0]
         used.add("flash_mla.sparse_prefill")
-        return out
+        return out[:, :h] if out.shape[1] != h else out
     used.add("emulated.sparse_prefill")
     out = torch.empty((s_q, h, d_v), dtype=q.dtype, device=q.device)
     pos = torch.arange(indices.shape[-1], device=q.device)

@@ -68,11 +68,11 @@ def _group(
     cost = make_step_cost(sc, "decode", model, hw, pool.ep, pool.redundant_per_gpu)
     kv_cap = decode_kv_capacity_tokens(sc, model, hw)
     overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
-    spec = make_spec_decoder(sc, model, src, pool.ep * pool.max_seqs_per_rank, 0)
+    spec = make_spec_decoder(sc, model, src, pool.dp * pool.max_seqs_per_rank, 0)
     group = DecodeGroup(
         env=env,
         idx=0,
-        ep=pool.ep,
+        ep=pool.dp,
         cost=cost,
         max_seqs_per_rank=pool.max_seqs_per_rank,
         kv_capacity_tokens=kv_cap,
@@ -108,7 +108,7 @@ def steady_throughput(
     concurrency, in which slow sequences stay longer, as they do in production. ``on_group``
     sees the group before it starts (e.g. to record its expert steps)."""
     pool = sc.pools.decode
-    n = per_rank * pool.ep
+    n = per_rank * pool.dp
     longest = (warmup + steps) * (sc.policies.speculative.max_draft_tokens + 1) + 16
     if outputs is None:
         outs = np.full(n, longest)
@@ -133,7 +133,7 @@ def steady_throughput(
         group.on_done = replace
     for rid in range(n):
         group.table.t_transfer_end[rid] = 0.0
-        group.assign(rid, rid % pool.ep)
+        group.assign(rid, rid % pool.dp)
         group.arrive(rid)
     env.run(until=1e-9)
     while group.steps < warmup:
@@ -144,7 +144,7 @@ def steady_throughput(
     dt = env.now - t0
     seq = group.seq_steps - seq0
     return DecodeRun(
-        tokens_per_s_per_rank=(group.tokens_out - tok0) / dt / pool.ep,
+        tokens_per_s_per_rank=(group.tokens_out - tok0) / dt / pool.dp,
         verify_tokens_per_seq_step=(group.verify_sum - ver0) / seq,
         accepted_tokens_per_seq_step=(group.tokens_out - tok0) / seq,
         mean_step_s=dt / steps,
@@ -173,7 +173,7 @@ def offline_makespan(
     env.run()
     seq = max(1, group.seq_steps)
     return DecodeRun(
-        tokens_per_s_per_rank=float((src.output_len - 1).sum()) / env.now / sc.pools.decode.ep,
+        tokens_per_s_per_rank=float((src.output_len - 1).sum()) / env.now / sc.pools.decode.dp,
         verify_tokens_per_seq_step=group.verify_sum / seq,
         accepted_tokens_per_seq_step=group.tokens_out / seq,
         mean_step_s=env.now / max(1, group.steps),

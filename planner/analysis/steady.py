@@ -68,7 +68,7 @@ class SteadyPoint:
     pool: PoolName
     cost_model: str  # "roofline" or the calibration profile's name
     hardware: str
-    ep: int
+    ep: int  # GPUs of the instance / group
     gpus_per_node: int
     step_s: float
     breakdown: dict[str, float]
@@ -90,6 +90,7 @@ class SteadyPoint:
     # decode_at_user_speed only
     user_tok_s: float | None = None  # the speed asked for
     meets_speed: bool | None = None
+    tp: int = 1  # a data-parallel rank's GPUs (its sequences: batch_per_gpu × tp)
 
     @property
     def kv_fits(self) -> bool | None:
@@ -176,9 +177,10 @@ def _decode(
     accept: float,
 ) -> SteadyPoint:
     cost, model, hw, name = parts
-    ep = cost.shape.ep
+    ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
     imbalance = sc.policies.expert_imbalance.decode
-    batches, kv = np.full(ep, float(batch)), np.full(ep, float(batch) * context)
+    per_rank = float(batch) * tp  # a tensor-parallel rank's GPUs share its sequences
+    batches, kv = np.full(dp, per_rank), np.full(dp, per_rank * context)
     bd: StepBreakdown = cost.decode_breakdown(batches, kv, verify, imbalance)
     breakdown = bd.as_dict()
     # the simulator adds the policy's overhead (dspark's confidence head and scheduling time)
@@ -202,11 +204,12 @@ def _decode(
         context=context,
         verify=verify,
         accept=accept,
-        kv_tokens_per_gpu=batch * (context + seq_overhead),
+        kv_tokens_per_gpu=per_rank * (context + seq_overhead),  # each GPU: its rank's cache
         kv_capacity_tokens_per_gpu=decode_kv_capacity_tokens(sc, model, hw),
         tokens_per_s_per_gpu=batch * accept / step,
         tokens_per_s_per_user=accept / step,
         tokens_per_s_per_node=batch * accept / step * hw.gpus_per_node,
+        tp=tp,
     )
 
 
@@ -234,9 +237,11 @@ def decode_point(
     accept: float | None = None,
 ) -> SteadyPoint:
     """Every rank of the scenario's decode group holds ``batch_per_gpu`` sequences of ``context``
-    tokens; each computes ``verify`` tokens and emits ``accept`` tokens per step (defaults:
-    :func:`default_verify`, :func:`default_accept`). Per-GPU throughput = batch·accept / step,
-    per user = accept / step. dspark's per-step overhead is part of the step (``speculative``)."""
+    tokens per GPU (a tensor-parallel rank of tp GPUs: batch_per_gpu × tp, so with tp > 1 it may
+    be a fraction); each computes ``verify`` tokens and emits ``accept`` tokens per step
+    (defaults: :func:`default_verify`, :func:`default_accept`). Per-GPU throughput =
+    batch·accept / step, per user = accept / step. dspark's per-step overhead is part of the
+    step (``speculative``)."""
     _positive("batch_per_gpu", batch_per_gpu)
     parts = _pool_cost(sc, "decode")
     v, a = _decode_inputs(sc, parts[1], context, verify, accept)
@@ -251,29 +256,31 @@ def decode_at_user_speed(
     accept: float | None = None,
     max_batch: int = 1024,
 ) -> SteadyPoint:
-    """The largest whole batch per GPU (1 … ``max_batch``) at which each user still gets
-    ``user_tok_s`` tokens per second, by bisection (per-user speed falls as the batch grows).
-    If even one sequence per GPU is slower, that point comes back with ``meets_speed=False``.
-    Neither HBM nor ``max_seqs_per_rank`` bounds the search; the point reports its KV use."""
+    """The largest whole batch per rank (1 … ``max_batch`` per GPU: a tensor-parallel rank of
+    tp GPUs holds up to tp·max_batch) at which each user still gets ``user_tok_s`` tokens per
+    second, by bisection (per-user speed falls as the batch grows). If even one sequence per
+    rank is slower, that point comes back with ``meets_speed=False``. Neither HBM nor
+    ``max_seqs_per_rank`` bounds the search; the point reports its KV use."""
     _positive("user_tok_s", user_tok_s)
     if max_batch < 1:
         raise UserError(f"max_batch must be ≥ 1, got {max_batch}")
     parts = _pool_cost(sc, "decode")
     v, a = _decode_inputs(sc, parts[1], context, verify, accept)
+    tp = parts[0].shape.tp
 
-    def at(batch: int) -> SteadyPoint:
-        return _decode(sc, parts, batch, context, v, a)
+    def at(per_rank: int) -> SteadyPoint:
+        return _decode(sc, parts, per_rank / tp, context, v, a)
 
     lo = at(1)
     if lo.tokens_per_s_per_user < user_tok_s:
         best, meets = lo, False
     else:
         best, meets = lo, True
-        hi = at(max_batch)
+        hi = at(max_batch * tp)
         if hi.tokens_per_s_per_user >= user_tok_s:
             best = hi
         else:  # invariant: batch lo_b meets the speed, hi_b does not
-            lo_b, hi_b = 1, max_batch
+            lo_b, hi_b = 1, max_batch * tp
             while hi_b - lo_b > 1:
                 mid = (lo_b + hi_b) // 2
                 p = at(mid)
@@ -293,26 +300,29 @@ def prefill_chunks(tokens_per_gpu: int, prompt: int, cached: int = 0) -> list[Ch
 
 
 def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 0) -> SteadyPoint:
-    """Every DP rank of one prefill instance computes ``tokens_per_gpu`` new tokens per step as
-    whole prompts of ``prompt`` new tokens, each after ``cached`` tokens of cached prefix (0: no
-    cache hit; the remainder, if any, as one partial prompt). Per-GPU throughput =
-    tokens_per_gpu / step (computed tokens); per user = prompt / step, the rate at which one
-    prompt is computed (it finishes within the step)."""
+    """Every DP rank of one prefill instance computes ``tokens_per_gpu`` new tokens per GPU per
+    step (a tensor-parallel rank of tp GPUs: tp times as many) as whole prompts of ``prompt``
+    new tokens, each after ``cached`` tokens of cached prefix (0: no cache hit; the remainder,
+    if any, as one partial prompt). Per-GPU throughput = tokens_per_gpu / step (computed
+    tokens); per user = prompt / step, the rate at which one prompt is computed (it finishes
+    within the step)."""
     if tokens_per_gpu < 1:
         raise UserError(f"tokens_per_gpu must be ≥ 1, got {tokens_per_gpu}")
     if prompt < 1:
         raise UserError(f"prompt must be ≥ 1 token, got {prompt}")
-    if prompt > tokens_per_gpu:
-        raise UserError(
-            f"prompt ({prompt:,} tokens) must not exceed tokens_per_gpu ({tokens_per_gpu:,}): "
-            "a prefill point computes whole prompts in one step"
-        )
     cost, model, hw, name = _pool_cost(sc, "prefill")
+    ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
+    per_rank = tokens_per_gpu * tp
+    if prompt > per_rank:
+        raise UserError(
+            f"prompt ({prompt:,} tokens) must not exceed a rank's tokens per step "
+            f"({per_rank:,}: tokens_per_gpu × tp): a prefill point computes whole prompts in "
+            "one step"
+        )
     check_prefill_fits(sc, model, hw)
-    ep = cost.shape.ep
     imbalance = sc.policies.expert_imbalance.prefill
-    chunks = prefill_chunks(tokens_per_gpu, prompt, cached)
-    bd = cost.prefill_breakdown([chunks] * ep, imbalance)
+    chunks = prefill_chunks(per_rank, prompt, cached)
+    bd = cost.prefill_breakdown([chunks] * dp, imbalance)
     return SteadyPoint(
         pool="prefill",
         cost_model=name,
@@ -328,4 +338,5 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
         tokens_per_s_per_gpu=tokens_per_gpu / bd.step_s,
         tokens_per_s_per_user=prompt / bd.step_s,
         tokens_per_s_per_node=tokens_per_gpu / bd.step_s * hw.gpus_per_node,
+        tp=tp,
     )

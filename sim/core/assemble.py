@@ -53,18 +53,22 @@ def make_step_cost(
     cm = sc.cost_model
     ref = cm.for_pool(pool)
     cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
-    shape = PoolShape(ep, redundant, pool != "vision" and cfg.two_batch_overlap)
+    tbo = pool != "vision" and cfg.two_batch_overlap
+    shape = PoolShape(ep, redundant, tbo, tp=cfg.tp, moe_tp=cfg.moe_tp)
+    gpu = model.tp_slice(cfg.tp, cfg.moe_tp)  # what one GPU of a rank holds and computes
     if ref == "roofline":
-        return RooflineStepCost(model, hw, shape, cm.roofline, cm.step)
+        return RooflineStepCost(gpu, hw, shape, cm.roofline, cm.step)
     profile = load_profile(ref)
-    coefs = profile.coefs(model, hw.name)
-    return ProfileStepCost(model, hw, shape, coefs, cm.step, profile.name)
+    coefs = profile.coefs(gpu, hw.name)
+    return ProfileStepCost(gpu, hw, shape, coefs, cm.step, profile.name)
 
 
 def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:
-    """KV tokens one decode rank can hold after its weights and activation reserve."""
+    """KV tokens one decode rank can hold after its weights and activation reserve (each GPU
+    of a tensor-parallel rank holds the rank's whole latent cache beside its weight slice)."""
     pool = sc.pools.decode
-    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_per_gpu)
+    gpu = model.tp_slice(pool.tp, pool.moe_tp)
+    weights = gpu.weight_bytes_per_gpu(pool.expert_groups, pool.redundant_per_gpu)
     free = hw.hbm_bytes - weights - pool.activation_reserve_bytes
     if free <= 0:
         raise ConfigError(
@@ -77,7 +81,8 @@ def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) 
 
 def check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None:
     pool = sc.pools.prefill
-    weights = model.weight_bytes_per_gpu(pool.ep, pool.redundant_per_gpu)
+    gpu = model.tp_slice(pool.tp, pool.moe_tp)
+    weights = gpu.weight_bytes_per_gpu(pool.expert_groups, pool.redundant_per_gpu)
     if weights >= hw.hbm_bytes:
         raise ConfigError(
             "pools.prefill.ep",
@@ -125,7 +130,8 @@ def make_group_experts(
             f"ep={cfg.ep} leaves {slots:.3f} per GPU (use a multiple of ep, or "
             f"policies.eplb.imbalance: constant)",
         )
-    shape = group_shape(load_model(sc.model), load_hardware(cfg.hardware), pool, cfg.ep, int(slots))
+    model = load_model(sc.model)
+    shape = group_shape(model, load_hardware(cfg.hardware), pool, cfg.expert_groups, int(slots))
     return GroupExperts(load, policy, shape, stream(sc.seed, f"experts/{name}"))
 
 
@@ -185,7 +191,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
             DecodeGroup(
                 env=env,
                 idx=g,
-                ep=pools.decode.ep,
+                ep=pools.decode.dp,
                 cost=decode_cost,
                 max_seqs_per_rank=pools.decode.max_seqs_per_rank,
                 kv_capacity_tokens=kv_cap,
@@ -194,7 +200,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
                 table=table,
                 on_done=lambda rid: cl.count_end(),
                 spec=make_spec_decoder(
-                    sc, model, source, pools.decode.ep * pools.decode.max_seqs_per_rank, g
+                    sc, model, source, pools.decode.dp * pools.decode.max_seqs_per_rank, g
                 ),
                 ideal_balance=pools.decode.ideal_balance,
                 experts=make_group_experts(sc, "decode", load, f"decode/{g}"),
@@ -213,7 +219,7 @@ def build_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     ]
     cl.backup_links = backups
 
-    cl.live_ranks = pools.decode.groups * pools.decode.ep
+    cl.live_ranks = pools.decode.groups * pools.decode.dp
 
     limits = RequestLimits(
         max_context_tokens=model.max_context_tokens,

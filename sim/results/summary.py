@@ -205,7 +205,7 @@ def _load(
     queues = queues or {}
     d = sc.pools.decode
     groups = rep.decode
-    ranks = len(groups) * d.ep
+    ranks = len(groups) * d.dp
     cap = cl.kv_capacity_tokens
     busy_d = sum(g["busy_s"] for g in groups)
     seq_s = sum(g["seq_s"] for g in groups)
@@ -230,7 +230,7 @@ def _load(
     instances = rep.prefill
     steps = sum(i["steps"] for i in instances)
     chunk_tokens = sum(i["chunk_tokens"] for i in instances)
-    budget = p.max_tokens_per_step * p.ep
+    budget = p.max_tokens_per_step * p.dp
     per_step = chunk_tokens / steps if steps else 0.0
     busy_p = sum(i["busy_s"] for i in instances)
     prefill = {
@@ -428,7 +428,7 @@ def summarize(
     steps = sum(g["steps"] for g in groups)
     verified = sum(g["verify_sum"] for g in groups)
     emitted = sum(g["tokens_out"] for g in groups)
-    ranks = pools.decode.groups * pools.decode.ep
+    ranks = pools.decode.groups * pools.decode.dp
     return {
         "scenario": sc.name,
         "requests": {
@@ -480,7 +480,7 @@ def summarize(
         "load": _load(cl, rep, window, queues),
         "decode": {
             "steps": steps,
-            "mean_batch_per_rank": seq_steps / (steps * pools.decode.ep) if steps else 0.0,
+            "mean_batch_per_rank": seq_steps / (steps * pools.decode.dp) if steps else 0.0,
             "balancer": sc.policies.decode_balancer,
             "speculative": sc.policies.speculative.policy,
             "verify_tokens_per_seq_step": verified / seq_steps if seq_steps else 0.0,

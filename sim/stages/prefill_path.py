@@ -120,7 +120,7 @@ class PrefillPath:
                 idx=i,
                 machine=i // per_machine,
                 cost=cost,
-                dp=pool.ep,
+                dp=pool.dp,
                 max_tokens_per_step=pool.max_tokens_per_step,
                 step_time_budget_s=pool.step_time_budget_s,
                 imbalance=imbalance,

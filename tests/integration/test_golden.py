@@ -69,10 +69,15 @@ def test_the_check_fails_when_one_decode_step_takes_a_microsecond_longer(monkeyp
 
 def test_the_check_fails_when_one_request_is_served_by_another_rank(monkeypatch):
     original = DecodeGroup.assign
+    moved_to = []
 
     def moved(self, rid, rank):
-        original(self, rid, (rank + 1) % self.ep if rid == 1000 else rank)
+        if rid == 1000:
+            rank = (rank + 1) % self.ep
+            moved_to.append(rank)
+        original(self, rid, rank)
 
     monkeypatch.setattr(DecodeGroup, "assign", moved)
     got = cases.run_case(SMALL)
+    assert moved_to
     assert got["requests_sha256"] != stored(SMALL)["requests_sha256"]

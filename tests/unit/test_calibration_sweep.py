@@ -443,3 +443,36 @@ def test_moe_split_merge_names_a_bad_file(calibrated, tmp_path):
         moe_split.merge(json.loads(bad.read_text()), load_profile(str(calibrated["path"])), "b")
     assert moe_split.main(["merge", str(bad), str(calibrated["path"]), str(out)]) == 2
     assert not out.exists()
+
+
+def test_a_tensor_parallel_slice_is_calibrated_merged_and_found_by_its_width(
+    calibrated, tmp_path, one_thread
+):
+    """``calibrate --model MODEL@tp2`` times one GPU's slice (half the heads, half the shared
+    expert) like a model of its own; merged beside the whole model's fits, a TP2 pool finds the
+    slice's fits, and a slice not measured (experts split too) is refused with a message naming
+    the widths that were."""
+    out = tmp_path / "toy-tp2.yaml"
+    args = ["calibrate", "--device", "cpu", "--model", f"{TOY}@tp2", "--kernels", "reference"]
+    args += ["--grid", "tiny", "--hardware", "h200", "--name", "toy-cpu", "--out", str(out)]
+    res = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "skipped" not in res.output
+    merged = tmp_path / "merged.yaml"
+    res = CliRunner().invoke(
+        main, ["merge-profiles", str(merged), str(calibrated["path"]), str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    profile = load_profile(str(merged))
+    assert set(profile.models) == {"toy-v4", "toy-v4@tp2"}
+    toy = load_model(TOY)
+    half = load_model(f"{TOY}@tp2")
+    assert half.attention.heads == toy.attention.heads // 2
+    coefs = profile.coefs(half, "h200")
+    assert coefs != profile.coefs(toy, "h200")
+    shape = PoolShape(ep=2, redundant_experts_per_gpu=0, tp=2)
+    cost = ProfileStepCost(half, load_hardware("h200"), shape, coefs)
+    assert cost.decode_step(np.array([4.0]), np.array([400.0]), 1.0) > 0
+    assert cost.tp_comm_s(4, "decode") > 0
+    with pytest.raises(ConfigError, match=r"at tp2-moetp2 .* measured at tp1, tp2"):
+        profile.coefs(load_model(f"{TOY}@tp2-moetp2"), "h200")

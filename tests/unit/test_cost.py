@@ -374,13 +374,15 @@ def test_decode_step_is_set_by_the_slowest_rank() -> None:
         c.compose(dense_max, moe, c.a2a_s(70 * 4.0, "decode"), "decode"), rel=1e-12
     )
 
-    # Few sequences per rank: the experts are weight-bound, so the mean load does not matter.
+    # Few sequences per rank: the experts are weight-bound, and with ~60 token-expert pairs per
+    # local expert every one of them is reached, so the mean load barely matters (it moves only
+    # the e^(-R/E) share of experts no token reaches).
     small_b, small_kv = np.full(64, 8.0), np.full(64, 8.0 * 4_000)
     small_b[0] = 10
     small_base = c.decode_step(small_b, small_kv, 2.0)
     small_fewer = small_b.copy()
     small_fewer[7] = 2
-    assert c.decode_step(small_fewer, small_kv, 2.0) == small_base
+    assert c.decode_step(small_fewer, small_kv, 2.0) == pytest.approx(small_base, rel=1e-6)
 
 
 def test_more_verify_tokens_never_make_decode_faster() -> None:

@@ -222,7 +222,7 @@ def test_a_failed_rank_sends_its_requests_elsewhere_and_loses_none(tiny, synthet
         **{
             "cache.prefix.enabled": False,
             "faults": [
-                {"kind": "rank_fail", "at_s": 4.0, "duration_s": 30.0, "target": 0, "rank": 0}
+                {"kind": "rank_fail", "at_s": 2.0, "duration_s": 30.0, "target": 0, "rank": 0}
             ],
         }
     )

@@ -294,3 +294,26 @@ def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypat
     big = torch.zeros(3, 2048, 16)
     assert lin._use_batched(big) and not lin._use_batched(xq[:, :5])
     assert len(fp8.GROUPED_TIMINGS) == 2 and len(timed) == 6
+
+
+def test_sparse_kernels_run_a_slice_of_heads_padded_to_64(monkeypatch):
+    """One GPU of a TP8 V4.1-Flash has 8 heads; FlashMLA's sparse kernels take 64 or 128, so
+    the call pads the query with zero heads (as engines do) and drops their output: its cost is
+    that of 64 heads, which is what calibrating a TP slice must time."""
+    from deepinfer_sim.kernels.deepseek import flashmla
+
+    seen = []
+
+    class FakeFlashMLA:
+        def flash_mla_sparse_fwd(self, q, kv, idx, scale, d_v, sink, topk_length):
+            seen.append(tuple(q.shape))
+            return (q[..., :d_v] * 2.0,)
+
+    monkeypatch.setattr(flashmla, "_use_kernel", lambda device, d, heads: True)
+    monkeypatch.setattr(flashmla, "_module", lambda: FakeFlashMLA())
+    q = torch.randn(5, 8, 512, dtype=torch.bfloat16)
+    kv = torch.randn(7, 512, dtype=torch.bfloat16)
+    out = flashmla.sparse_prefill(q, kv, torch.zeros(5, 4, dtype=torch.int32), 0.1)
+    assert seen == [(5, 64, 512)]
+    assert out.shape == (5, 8, 512) and torch.equal(out, q * 2.0)
+    assert [flashmla.kernel_heads(h) for h in (8, 16, 64, 65, 128)] == [64, 64, 64, 128, 128]
