@@ -131,6 +131,8 @@ def print_summary(summary: dict[str, Any], out_dir: Path | None) -> None:
     ]
     for line in lines:
         con.print(line)
+    for pool, rule in s.get("precision", {}).items():  # the dtype rule, one line per pool
+        con.print(f"precision  {pool}: {rule['rule']}", soft_wrap=True, markup=False)
     if out_dir is not None:
         con.print(f"results in {out_dir}")
 
@@ -382,6 +384,10 @@ def plan(
     changed_snap = snap.derive(what_ifs) if what_ifs else None  # a bad what-if fails here
     out = writable_dir(Path(out_dir) if out_dir else default_out(snap.scenario().name, "-plan"))
     con = console()
+    from .cli_cost import precision_lines
+
+    for line in precision_lines(snap.scenario()):  # the dtype rule of each pool on a profile
+        con.print(line, soft_wrap=True, markup=False)
 
     def run(snapshot: Snapshot, folder: str):
         (out / folder).mkdir(parents=True, exist_ok=True)

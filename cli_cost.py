@@ -214,8 +214,29 @@ def cost(
                 f"of {tokens % prompt:,} tokens"
             )
     _print_point(point, notes)
+    rule = _print_precision(sc, pool)
     if json_file:
-        write_text(json_file, json.dumps(point.as_dict(), indent=1) + "\n", "--json")
+        out = {**point.as_dict(), **rule}
+        write_text(json_file, json.dumps(out, indent=1) + "\n", "--json")
+
+
+def precision_lines(sc: Scenario, pools: tuple[str, ...] = ("prefill", "decode")) -> list[str]:
+    """One line per pool of ``pools`` whose model dtypes differ from its profile's: the rule
+    that moved the profile's fits (models/precision.py)."""
+    from .sim.core.assemble import dtype_rules
+
+    return [f"precision: {p}: {r.description}" for p, r in dtype_rules(sc).items() if p in pools]
+
+
+def _print_precision(sc: Scenario, pool: str) -> dict[str, Any]:
+    """Print the pool's dtype rule, if any; ``{"precision": ...}`` for --json (else empty)."""
+    from .sim.core.assemble import dtype_rules
+
+    rule = dtype_rules(sc).get(pool)
+    if rule is None:
+        return {}
+    console().print(f"precision: {pool}: {rule.description}", soft_wrap=True, markup=False)
+    return {"precision": rule.as_dict()}
 
 
 def _overrides(
@@ -264,8 +285,9 @@ def _cost_case(
     value, point = published.case_point(case, sc)
     res = published.result(cf, case, point.cost_model, value, point.step_s)
     _print_point(point, _case_notes(res))
+    rule = _print_precision(sc, point.pool)
     if json_file:
-        out = {**point.as_dict(), "case": res.as_dict()}
+        out = {**point.as_dict(), "case": res.as_dict(), **rule}
         write_text(json_file, json.dumps(out, indent=1) + "\n", "--json")
 
 

@@ -741,6 +741,12 @@ class Prices(FrozenModel):
             "l40s": 1.0,
             "ascend950dt": 3.0,
             "ascend950pr": 2.0,
+            # Blackwell Ultra: B200's and GB200's prices x 1.11, the B300 / B200 on-demand ratio
+            # at the low end of Ornn's 2026 rental benchmark ($5.00 / $4.50); 910C: no public
+            # rental price, assumed H100's x its BF16 rate (752 / 989 TFLOPS)
+            "b300": 5.5,
+            "gb300": 6.7,
+            "ascend910c": 1.9,
         }
     )
     storage_node_hour_usd: float = Field(4.0, ge=0)

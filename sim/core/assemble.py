@@ -14,6 +14,7 @@ from ...errors import ConfigError
 from ...models.cost import PoolShape, RooflineStepCost, StepCost
 from ...models.draft import DraftCost
 from ...models.hardware import HardwareSpec
+from ...models.precision import DtypeRule, profile_coefs
 from ...models.profile import load_profile
 from ...models.profile_cost import ProfileStepCost
 from ...models.registry import load_hardware, load_model
@@ -59,8 +60,28 @@ def make_step_cost(
     if ref == "roofline":
         return RooflineStepCost(gpu, hw, shape, cm.roofline, cm.step)
     profile = load_profile(ref)
-    coefs = profile.coefs(gpu, hw.name)
+    try:  # in the model's own dtypes, by the rule models/precision.py states (or refused)
+        coefs, _ = profile_coefs(profile, gpu, hw)
+    except ConfigError as exc:
+        raise ConfigError(f"cost_model.{pool}", str(exc)) from None
     return ProfileStepCost(gpu, hw, shape, coefs, cm.step, profile.name)
+
+
+def dtype_rules(sc: Scenario) -> dict[str, DtypeRule]:
+    """Per pool on a profile, the rule that moves the profile's fits to the model's dtypes where
+    they differ (models/precision.py): what ``run``, ``cost`` and ``plan`` print."""
+    rules: dict[str, DtypeRule] = {}
+    model = load_model(sc.model)
+    for pool in ("prefill", "decode"):
+        ref = sc.cost_model.for_pool(pool)
+        if ref == "roofline":
+            continue
+        cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+        hw = load_hardware(cfg.hardware)
+        _, rule = profile_coefs(load_profile(ref), model.tp_slice(cfg.tp, cfg.moe_tp), hw)
+        if not rule.identity:
+            rules[pool] = rule
+    return rules
 
 
 def decode_kv_capacity_tokens(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> float:

@@ -521,4 +521,14 @@ def summarize(
             "events": cl.env.events,
             "wall_s": wall_s,
         },
+        **_precision(cl),
     }
+
+
+def _precision(cl: Cluster) -> dict[str, Any]:
+    """``precision``: per pool whose model dtypes differ from its profile's, the rule that moved
+    the profile's fits (models/precision.py); absent when every pool runs as measured."""
+    from ..core.assemble import dtype_rules
+
+    rules = dtype_rules(cl.sc)
+    return {"precision": {p: r.as_dict() for p, r in rules.items()}} if rules else {}

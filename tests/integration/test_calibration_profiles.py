@@ -58,7 +58,7 @@ def test_profiles_ship_and_cover_their_hardware_and_models():
     covers = {
         "h200-deepseek": {"h200"},
         "h200-reference": {"h200"},
-        "sm100-derived": {"b200", "gb200"},
+        "sm100-derived": {"b200", "gb200", "b300", "gb300"},
         "ascend950-derived": {"ascend950dt", "ascend950pr"},
     }
     for name, hardware in covers.items():
@@ -125,7 +125,7 @@ def test_shipped_derived_profiles_are_reproducible():
     """Re-deriving from the shipped measurement gives the shipped derived coefficients."""
     measured = load_profile("h200-deepseek")
     for name, targets in (
-        ("sm100-derived", ["b200", "gb200"]),
+        ("sm100-derived", ["b200", "gb200", "b300", "gb300"]),
         ("ascend950-derived", ["ascend950dt", "ascend950pr"]),
     ):
         assert derive(measured, name, targets).models == load_profile(name).models
