@@ -165,6 +165,58 @@ class DecodePool(ExpertParallelPool):
         return self.groups * self.ep
 
 
+class AggregatedPool(ExpertParallelPool):
+    """Aggregated serving (``serving: aggregated``): instances of ``ep`` GPUs, each ``dp`` ranks
+    of ``tp`` GPUs (experts over ``ep / moe_tp`` groups, as the other pools), every rank
+    prefilling and decoding its own requests in the same steps: each running sequence's decode
+    tokens first, prefill chunks filling the rest of the step's token budget, oldest request
+    first (vLLM's and SGLang's chunked prefill). A prompt is decoded on the rank that prefilled
+    it: no P->D transfer."""
+
+    instances: int = Field(1, ge=1, le=MAX_INSTANCES, description="aggregated instances")
+    ep: int = Field(8, ge=1, le=MAX_EP, description="GPUs of one instance (= DP when tp = 1)")
+    hardware: str = "h200"
+    max_tokens_per_step: int = Field(
+        8192,
+        ge=1,
+        le=1 << 24,
+        description="token budget of one DP rank's step, decode tokens (1 + drafts per "
+        "sequence) and prefill chunks together (SGLang's chunked_prefill_size, vLLM's "
+        "max_num_batched_tokens); at least max_seqs_per_rank x (1 + drafts)",
+    )
+    max_seqs_per_rank: int = Field(
+        256,
+        ge=1,
+        le=1 << 20,
+        description="requests one rank runs at once, prefilling or decoding (vLLM's "
+        "max_num_seqs, SGLang's max_running_requests)",
+    )
+    kv_hbm_fraction: float = Field(
+        0.9, gt=0, le=1, description="share of HBM left after weights that may hold KV"
+    )
+    activation_reserve_bytes: float = Field(8e9, ge=0, description="HBM kept for activations")
+    kv_policy: Literal["reserve", "preempt"] = Field(
+        "reserve",
+        description="as pools.decode.kv_policy; a prompt reserves its KV when its first chunk "
+        "is scheduled",
+    )
+    scheduler: Literal["tokens", "chunked"] = Field(
+        "tokens",
+        description="tokens: chunks fill the token budget (vLLM, SGLang); chunked: also keep "
+        "the chunks' predicted prefill time within step_time_budget_s (a stall bound)",
+    )
+    step_time_budget_s: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="scheduler chunked: prefill time a step's chunks may take",
+    )
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.ep
+
+
 class VisionPool(FrozenModel):
     """Vision-encoder instances, one GPU each (a cheaper GPU is recommended)."""
 
@@ -283,9 +335,17 @@ class Pools(FrozenModel):
     decode: DecodePool = DecodePool()
     vision: VisionPool = VisionPool()
     storage: StoragePool = StoragePool()
+    aggregated: AggregatedPool | None = Field(
+        None,
+        description="serving: aggregated: the instances that prefill and decode together "
+        "(pools.prefill and pools.decode are then not used)",
+    )
 
     def gpus_by_pool(self) -> dict[str, int]:
-        """Online GPUs of each pool (the storage nodes hold none)."""
+        """Online GPUs of each pool (the storage nodes hold none): vision, prefill and decode,
+        or vision and aggregated."""
+        if self.aggregated is not None:
+            return {"vision": self.vision.gpus, "aggregated": self.aggregated.gpus}
         return {
             "vision": self.vision.gpus,
             "prefill": self.prefill.gpus,
@@ -760,6 +820,7 @@ class CostModel(FrozenModel):
     prefill: str = "roofline"
     decode: str = "roofline"
     vision: str = "roofline"
+    aggregated: str = Field("roofline", description="serving: aggregated: its instances'")
     roofline: RooflineParams = RooflineParams()
     step: StepParams = StepParams()
 
@@ -807,6 +868,12 @@ class Scenario(FrozenModel):
     description: str = ""
     seed: int = Field(0, ge=0)
     model: str = "deepseek-v4.1-flash"
+    serving: Literal["disaggregated", "aggregated"] = Field(
+        "disaggregated",
+        description="disaggregated: prefill instances hand prompts to decode groups over P->D "
+        "links (pools.prefill, pools.decode); aggregated: instances that prefill and decode "
+        "in the same steps (pools.aggregated, its defaults where it is not given)",
+    )
     pools: Pools = Pools()
     network: Network = Network()
     policies: Policies = Policies()
@@ -819,9 +886,33 @@ class Scenario(FrozenModel):
     sim: SimSettings = SimSettings()
     faults: tuple[Fault, ...] = ()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aggregated_pool(cls, data: Any) -> Any:
+        """``serving: aggregated`` without ``pools.aggregated``: the pool's defaults."""
+        if not isinstance(data, dict) or data.get("serving") != "aggregated":
+            return data
+        pools = data.get("pools")
+        if pools is None:
+            return {**data, "pools": {"aggregated": {}}}
+        if isinstance(pools, dict) and pools.get("aggregated") is None:
+            return {**data, "pools": {**pools, "aggregated": {}}}
+        return data
+
+    @property
+    def aggregated(self) -> bool:
+        """Whether prefill and decode run together on ``pools.aggregated``."""
+        return self.serving == "aggregated"
+
     @model_validator(mode="after")
     def _fault_targets(self) -> Scenario:
         for i, f in enumerate(self.faults):
+            if self.aggregated and f.kind in ("link_cut", "rank_fail"):
+                raise ValueError(
+                    f"faults[{i}].kind: {f.kind} needs disaggregated serving (an aggregated "
+                    "instance has no P->D link, and its ranks do not fail); storage_node_fail "
+                    "applies"
+                )
             if f.kind == "link_cut" and f.target >= self.pools.prefill.instances:
                 raise ValueError(
                     f"faults[{i}].target: prefill instance {f.target} does not exist "
@@ -842,7 +933,11 @@ class Scenario(FrozenModel):
         return self
 
     def hardware_kinds(self) -> dict[str, str]:
+        """The hardware of each pool that runs: vision, prefill and decode, or vision and
+        aggregated."""
         p = self.pools
+        if self.aggregated and p.aggregated is not None:
+            return {"aggregated": p.aggregated.hardware, "vision": p.vision.hardware}
         return {
             "prefill": p.prefill.hardware,
             "decode": p.decode.hardware,
@@ -1009,7 +1104,7 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
                 source,
             )
         sliced = model
-        if pool in ("prefill", "decode"):
+        if pool in ("prefill", "decode", "aggregated"):
             cfg: ExpertParallelPool = getattr(sc.pools, pool)
             if cfg.tp > spec.scaleup.domain_gpus:
                 raise ConfigError(
@@ -1029,6 +1124,7 @@ def _check_references(sc: Scenario, base_dir: Path, source: str) -> Scenario:
                 check_profile(ref, sliced, name, base_dir)
             except ConfigError as exc:
                 raise ConfigError(f"cost_model.{pool}", str(exc), source=source) from None
+    _check_serving(sc, model, source)
     _check_expert_split(sc, model, source)
     _check_bandwidths(sc, model, source)
     known = sc.workload.traffic_classes()
@@ -1079,12 +1175,30 @@ def _redundant_total(pool: ExpertParallelPool, ep: int) -> int:
     return pool.redundant_experts_per_gpu * ep
 
 
+def _check_serving(sc: Scenario, model: ModelSpec, source: str) -> None:
+    """``pools.aggregated`` is given only with ``serving: aggregated``. (Its token budget is
+    checked against the decode tokens of a full rank where the speculative policy's depth is
+    known: when the run is built.)"""
+    if not sc.aggregated and sc.pools.aggregated is not None:
+        raise ConfigError(
+            "pools.aggregated",
+            "set, but serving is disaggregated: add `serving: aggregated` to run it (or "
+            "remove pools.aggregated)",
+            source=source,
+        )
+
+
+def _serving_pools(sc: Scenario) -> tuple[str, ...]:
+    """The expert-parallel pools that run: prefill and decode, or aggregated."""
+    return ("aggregated",) if sc.aggregated else ("prefill", "decode")
+
+
 def _check_expert_split(sc: Scenario, model: ModelSpec, source: str) -> None:
-    """Both pools' EP widths split the model's routed experts evenly
+    """The running pools' EP widths split the model's routed experts evenly
     (:func:`expert_split_problem` says the rule). The planner's grid is not checked here: a
     run does not use it, and ``plan`` checks each shape as it builds it."""
     experts = model.moe.routed_experts
-    for pool_name in ("prefill", "decode"):
+    for pool_name in _serving_pools(sc):
         pool: ExpertParallelPool = getattr(sc.pools, pool_name)
         groups = pool.expert_groups
         problem = expert_split_problem(experts, groups, _redundant_total(pool, groups))
@@ -1107,13 +1221,15 @@ def _check_bandwidths(sc: Scenario, model: ModelSpec, source: str) -> None:
     limit, limit_key = sc.sim.drain_limit_s, "sim.drain_limit_s"
     block = model.kv_bytes_per_token() * KV_BLOCK_TOKENS
     what_block = f"one {KV_BLOCK_TOKENS}-token KV block ({block / 1e6:.3g} MB of {model.name})"
-    p, ep8 = sc.pools, sc.pools.prefill.ep / 8
+    p = sc.pools
+    agg = p.aggregated if sc.aggregated else None
+    ep8 = (agg.ep if agg is not None else p.prefill.ep) / 8
     # (key, bytes per second, what moves, what it moves, its bytes)
     paths = [
         (
             "network.pd_gbps_per_8_gpus",
             sc.network.pd_gbps_per_8_gpus * 1e9 / 8 * ep8,
-            "a prefill instance's P->D link",
+            "a prefill instance's P->D link" if agg is None else "an instance's store writes",
             what_block,
             block,
         )
@@ -1221,7 +1337,7 @@ def clock_ticks(sc: Scenario, span_s: float) -> dict[str, float]:
     the setting of its period: the time-series sampler, the tiered router's rounds, the
     expert-popularity walk (live imbalance) and random storage failures and repairs."""
     ticks = {"sim.timeseries_interval_s": span_s / sc.sim.timeseries_interval_s}
-    if sc.policies.prefill_router == "tiered":
+    if sc.policies.prefill_router == "tiered" and not sc.aggregated:  # aggregated: no tiers
         ticks["policies.tiers.round_s"] = span_s / sc.policies.tiers.round_s
     if sc.policies.eplb.imbalance == "live":
         ticks["policies.eplb.load.drift_update_s"] = span_s / sc.policies.eplb.load.drift_update_s

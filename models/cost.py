@@ -181,6 +181,7 @@ class PoolShape:
 class StepCost(ABC):
     """Step-time model of one pool: one hardware kind at one EP width."""
 
+    model: ModelSpec  # what one GPU of a rank holds and computes
     shape: PoolShape
     step_overhead_s: float
     comm_overlap: float
@@ -484,6 +485,78 @@ class StepCost(ABC):
             float(tokens.max()), float(tokens.sum()), imbalance, "decode"
         )
         return self.compose_step(dense_max, moe, comm, "decode")
+
+    def mixed_step(
+        self,
+        chunks: Sequence[Sequence[Chunk]],
+        load: np.ndarray,
+        imbalance: float = 1.0,
+        replay: Sequence[Sequence[Chunk]] = (),
+    ) -> float:
+        """Step time of an aggregated instance whose DP ranks run prefill ``chunks`` (and, per
+        rank, ``replay`` chunks through the replay-only layers) in the same forward as the
+        decode load ``load`` (per-rank rows as :meth:`decode_step_packed` reads them): chunked
+        prefill as vLLM and SGLang run it.
+
+        With one side empty it is that side's step, exactly (:meth:`decode_step_packed`,
+        :meth:`prefill_step`). Otherwise, per rank, the dense time is the prefill side's (as
+        :meth:`prefill_step` charges it) plus the decode side's (:meth:`decode_dense`) less what
+        one forward pays once — the decode side's idle-rank floor (weights read, per-layer
+        launches), at most the prefill side's own time, so adding a chunk never makes a step
+        shorter; a tensor-parallel rank all-reduces all its tokens; the routed experts and the
+        exchange carry every token of the step (decode tokens ride with the chunks through the
+        prefill layers and with the replay segments through the replay-only layers), exchanged
+        as prefill's are (a step that carries a prompt runs the normal-mode kernels). Two-batch
+        overlap halves both sides. The parts compose as every step's do (:meth:`compose_step`,
+        the prefill phase)."""
+        if not (any(chunks) or any(replay)):
+            return self.decode_step_packed(load, imbalance)
+        if not load[0].any():
+            return self.prefill_step(chunks, imbalance, replay)
+        tbo = self.shape.two_batch_overlap
+        share = 0.5 if tbo else 1.0
+        if tbo:
+            load = load * 0.5
+        batch, kv, tokens = load[0], load[1], load[2]
+        verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
+        decode = self.decode_dense(batch, kv, verify)
+        floor = float(self.decode_dense(np.zeros(1), np.zeros(1), 1.0)[0])
+        dense_max = 0.0
+        # tokens of each rank through the prefill layers (chunks + decode) and through the
+        # replay-only layers (replay segments + decode)
+        pre_max = pre_sum = rep_max = rep_sum = 0.0
+        for i in range(batch.size):
+            ch = chunks[i] if i < len(chunks) else ()
+            rep = replay[i] if i < len(replay) else ()
+            side = 0.0
+            if ch:
+                if tbo:
+                    a, b = micro_batches(ch)
+                    side = 0.5 * (self.prefill_dense(a) + self.prefill_dense(b))
+                else:
+                    side = self.prefill_dense(ch)
+            if rep:
+                if tbo:
+                    ra, rb = micro_batches(rep)
+                    side += 0.5 * (self.replay_dense(ra) + self.replay_dense(rb))
+                else:
+                    side += self.replay_dense(rep)
+            dense = float(decode[i]) + side - min(floor, side)
+            dense_max = max(dense_max, dense)
+            dec = float(tokens[i])
+            pre = share * float(sum(n for n, _ in ch)) + dec
+            rp = share * float(sum(n for n, _ in rep)) + dec
+            pre_sum += pre
+            rep_sum += rp
+            pre_max = max(pre_max, pre)
+            rep_max = max(rep_max, rp)
+        dense_max += self.tp_comm_s(pre_max, "prefill")
+        moe, comm = self.experts_and_exchange(pre_max, pre_sum, imbalance, "prefill")
+        if self.model.replay_only_layers:
+            dense_max += self.tp_comm_s(rep_max, "replay")
+            r_moe, r_comm = self.experts_and_exchange(rep_max, rep_sum, imbalance, "replay")
+            moe, comm = moe + r_moe, comm + r_comm
+        return self.compose_step(dense_max, moe, comm, "prefill")
 
 
 class RooflineStepCost(StepCost):

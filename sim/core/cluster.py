@@ -4,6 +4,7 @@ conservation checks at its end (a failure is a simulator bug and fails loudly)."
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from ...models.spec import ModelSpec
 from ...scenario import Scenario
 from ..policies.admission import Admission
 from ..stages.decode import DecodeGroup
-from ..stages.prefill import PrefillInstance
+from ..stages.prefill import PrefillEngine
 from ..stages.prefill_path import PrefillPath
 from ..stages.vision import VisionInstance
 from .network import Link
@@ -48,7 +49,7 @@ class Cluster:
     env: CountingEnvironment
     table: RequestTable
     vision: list[VisionInstance]
-    prefill: list[PrefillInstance]
+    prefill: Sequence[PrefillEngine]  # prefill instances, or the aggregated instances
     decode: list[DecodeGroup]
     links: list[Link]
     kv_capacity_tokens: float

@@ -4,8 +4,10 @@ Admission at arrival (context and KV limits, a vision encoder for images, the ad
 policy), then the prefill -> decode hand-off: route to a live decode rank, send the KV over the
 prefill instance's link (or its backup while the link is cut), hand it to the rank when it lands.
 A request whose rank fails is re-routed (its KV recomputed where it lands); while no decode rank
-is up it waits for a repair, or is rejected when none will come. One object per run, built from
-resolved parts by ``sim/core/assemble.py``; the cluster holds the counters it updates.
+is up it waits for a repair, or is rejected when none will come. Under aggregated serving a
+prompt is decoded where it was prefilled: its first token is out when its prefill ends, and the
+hand-off is local (``decode_locally``). One object per run, built from resolved parts by
+``sim/core/assemble.py``; the cluster holds the counters it updates.
 """
 
 from __future__ import annotations
@@ -44,11 +46,15 @@ class RequestFlow:
         limits: RequestLimits,
         balancer: DecodeBalancer,
         to_prefill: Callable[[int], None],
+        decode_locally: Callable[[int, int], None] | None = None,
     ) -> None:
+        """``decode_locally(rid, instance)``: aggregated serving's hand-off, on the instance
+        that prefilled the prompt (None: route to a decode rank and transfer the KV)."""
         self.cl = cl
         self.limits = limits
         self.balancer = balancer
         self.to_prefill = to_prefill
+        self.decode_locally = decode_locally
 
     def admit(self, rid: int) -> None:
         """An arrival: rejected with its reason, or sent to a vision encoder or to prefill."""
@@ -80,6 +86,10 @@ class RequestFlow:
         cl = self.cl
         cl.admission.prefilled()
         table = cl.table
+        if self.decode_locally is not None:
+            table.t_transfer_end[rid] = cl.env.now  # the first token: no transfer to wait for
+            self.decode_locally(rid, inst)
+            return
         if table.output_len[rid] <= 1:  # the prefill's token is the whole answer
             now = cl.env.now
             table.t_transfer_end[rid] = now

@@ -29,7 +29,7 @@ from ...scenario import AdmissionPolicy, QueueLengthAdmission, QueueTimeAdmissio
 from ..core.requests import RejectReason
 
 if TYPE_CHECKING:
-    from ..stages.prefill import PrefillInstance
+    from ..stages.prefill import PrefillEngine
 
 
 class Admission:
@@ -70,7 +70,7 @@ class Admission:
 class QueueTime(Admission):
     __slots__ = ("instances",)
 
-    def __init__(self, instances: Sequence[PrefillInstance], limit_s: float) -> None:
+    def __init__(self, instances: Sequence[PrefillEngine], limit_s: float) -> None:
         super().__init__()
         self.instances = instances
         self.limit_s = limit_s
@@ -106,9 +106,7 @@ def queue_time_limit_s(cfg: QueueTimeAdmission, slo: Slo) -> float:
     return min(limits)
 
 
-def make_admission(
-    cfg: AdmissionPolicy, slo: Slo, instances: Sequence[PrefillInstance]
-) -> Admission:
+def make_admission(cfg: AdmissionPolicy, slo: Slo, instances: Sequence[PrefillEngine]) -> Admission:
     if isinstance(cfg, QueueTimeAdmission):
         return QueueTime(instances, queue_time_limit_s(cfg, slo))
     if isinstance(cfg, QueueLengthAdmission):

@@ -13,9 +13,13 @@ config's ``pools.prefill.scheduler`` tag to one:
   a step; a long prompt spans several steps.
 - ``whole`` (:class:`WholePrompts`, the baseline and the reference double): first come, first
   served, whole prompts within the token budget; a prompt larger than the budget runs alone.
+- ``tokens`` (:class:`TokenBudget`, aggregated serving's default, ``pools.aggregated.scheduler``):
+  vLLM's and SGLang's chunked prefill — each sequence, oldest first, takes as much of the step's
+  token budget as is left (after the running sequences' decode tokens), so a long prompt spans
+  several steps; no time budget.
 
 The rank keeps the budgets (time left after the fixed term a, tokens left) and charges each
-chosen chunk to both the same way under either policy; the policies only read them. Both are
+chosen chunk to both the same way under every policy; the policies only read them. All are
 O(1) per sequence: the rank already loops over the sequences it schedules.
 """
 
@@ -114,16 +118,49 @@ class QuadraticChunks:
         return tokens_left <= 0 or time_left <= 0
 
 
+class TokenBudget:
+    """The largest chunk the step's token budget allows (the engines' chunked prefill). Ignores
+    the time budget."""
+
+    __slots__ = ()
+
+    def take(
+        self,
+        remaining: int,
+        pos: int,
+        time_left: float,
+        tokens_left: int,
+        first: bool,
+        b: float,
+        c: float,
+        d: float,
+    ) -> int:
+        return min(remaining, tokens_left)
+
+    def full(self, time_left: float, tokens_left: int) -> bool:
+        return tokens_left <= 0
+
+
 CHUNK_POLICIES: dict[str, type[WholePrompts | QuadraticChunks]] = {
     "chunked": QuadraticChunks,
     "whole": WholePrompts,
 }
+"""``pools.prefill.scheduler``."""
+
+AGGREGATED_CHUNK_POLICIES: dict[str, type[TokenBudget | QuadraticChunks]] = {
+    "tokens": TokenBudget,
+    "chunked": QuadraticChunks,
+}
+"""``pools.aggregated.scheduler``."""
 
 
-def make_chunk_policy(tag: str) -> ChunkPolicy:
-    if tag not in CHUNK_POLICIES:
-        known = ", ".join(CHUNK_POLICIES)
-        raise ConfigError(
-            "pools.prefill.scheduler", f"unknown prefill scheduler {tag!r} (one of {known})"
-        )
-    return CHUNK_POLICIES[tag]()
+def make_chunk_policy(tag: str, aggregated: bool = False) -> ChunkPolicy:
+    """The chunk policy of ``pools.prefill.scheduler`` (or ``pools.aggregated.scheduler``)."""
+    policies: dict[str, type[ChunkPolicy]] = dict(
+        AGGREGATED_CHUNK_POLICIES if aggregated else CHUNK_POLICIES
+    )
+    if tag not in policies:
+        known = ", ".join(policies)
+        key = f"pools.{'aggregated' if aggregated else 'prefill'}.scheduler"
+        raise ConfigError(key, f"unknown prefill scheduler {tag!r} (one of {known})")
+    return policies[tag]()

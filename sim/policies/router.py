@@ -16,6 +16,10 @@ slot. Policies:
   slot, unless that instance has more than ``affinity_slack_s`` more outstanding work than the
   least-loaded instance overall (a hot slot — the system prompt's — would otherwise pull every
   request onto one machine); else least outstanding.
+
+Aggregated serving places a request on an instance's DP rank at once, since that rank both
+prefills and decodes it: :class:`RankRouter` asks the decode balancer
+(``policies.decode_balancer``, ``sim/policies/balancer.py``) over the instances' ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ import numpy as np
 import simpy
 
 if TYPE_CHECKING:
+    from ..stages.decode import DecodeGroup
     from ..stages.prefill import PrefillInstance
+    from .balancer import DecodeBalancer
 
 
 @dataclass(slots=True)
@@ -89,6 +95,22 @@ class CacheAffinityRouter(LeastOutstandingRouter):
             if gap <= self.slack_s:
                 return near
         return best
+
+
+class RankRouter:
+    """Aggregated serving: the decode balancer's (instance, rank) for each request — ``two_dim``
+    balances the requests and the KV routed to each rank, ``least_requests`` the requests —
+    reserved on that instance (``assign``), which prefills the prompt on that rank and decodes
+    it there. The instance index is the choice."""
+
+    def __init__(self, balancer: DecodeBalancer, groups: Sequence[DecodeGroup]) -> None:
+        self.balancer = balancer
+        self.groups = groups
+
+    def choose(self, rid: int, route: Route) -> int:
+        g, r = self.balancer.choose(rid)
+        self.groups[g].assign(rid, r)
+        return g
 
 
 def apportion(demand: np.ndarray, seats: int) -> np.ndarray:

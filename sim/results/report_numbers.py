@@ -64,6 +64,7 @@ COST_METRICS: list[Metric] = [
     ("Cost", "prefill GPUs", ("cost", "gpus", "prefill"), "int", 0),
     ("Cost", "decode GPUs", ("cost", "gpus", "decode"), "int", 0),
     ("Cost", "vision GPUs", ("cost", "gpus", "vision"), "int", 0),
+    ("Cost", "aggregated GPUs", ("cost", "gpus", "aggregated"), "int", 0),
     ("Cost", "storage nodes", ("cost", "storage_nodes"), "int", 0),
     ("Cost", "$ / hour", ("cost", "usd_per_hour"), "usd", -1),
     ("Cost", "$ / M output tokens", ("cost", "usd_per_mtok_output"), "usd", -1),
@@ -87,6 +88,9 @@ DETAIL_METRICS: list[Metric] = [
     ("Throughput", "makespan (s)", ("throughput", "duration_s"), "num", 0),
     ("Goodput", "requests / s within SLOs", ("goodput", "request_per_s"), "num", +1),
     ("Goodput", "share of completed within SLOs", ("goodput", "fraction_of_completed"), "pct", +1),
+    ("Load", "aggregated busy", ("load", "aggregated", "busy_fraction"), "pct", 0),
+    ("Load", "aggregated step-token fill", ("load", "aggregated", "step_token_fill"), "pct", 0),
+    ("Load", "prefill stall (mean)", ("load", "aggregated", "prefill_stall_s_mean"), "ms", -1),
     ("Load", "prefill busy", ("load", "prefill", "busy_fraction"), "pct", 0),
     ("Load", "prefill step-token fill", ("load", "prefill", "step_token_fill"), "pct", 0),
     ("Load", "prefill queue (mean)", ("load", "prefill", "queue", "mean"), "num", -1),
@@ -370,6 +374,9 @@ def pool_loads(summary: dict[str, Any]) -> list[PoolLoad]:
             if busy is not None:
                 out.append(PoolLoad(pool, busy, "busy", f"{short_pct(busy)} busy"))
         return out
+    agg = load.get("aggregated")
+    if isinstance(agg, dict):
+        return _aggregated_loads(load, agg)
     for pool in ("prefill", "vision"):
         busy = num(get(load, (pool, "busy_fraction")))
         if busy is not None:
@@ -395,6 +402,44 @@ def pool_loads(summary: dict[str, Any]) -> list[PoolLoad]:
             if busy is not None:
                 detail += f"; {short_pct(busy)} busy (it steps while it holds any sequence)"
             out.append(PoolLoad("decode", fraction, measure, detail))
+    return out
+
+
+def _aggregated_loads(load: dict[str, Any], agg: dict[str, Any]) -> list[PoolLoad]:
+    """Aggregated serving: the vision encoders and one pool, as full as the most of its busy
+    time, batch slots and KV reservation."""
+    out = []
+    vision = num(get(load, ("vision", "busy_fraction")))
+    if vision is not None:
+        out.append(PoolLoad("vision", vision, "busy", f"{short_pct(vision)} busy"))
+    dec = load.get("decode")
+    if not isinstance(dec, dict):
+        dec = {}
+    busy = num(agg.get("busy_fraction"))
+    found = (
+        (busy, "busy"),
+        (num(dec.get("batch_fill")), "batch slots"),
+        (num(dec.get("kv_reserved_fraction_mean")), "KV"),
+    )
+    parts = [(v, name) for v, name in found if v is not None]
+    if not parts:
+        return out
+    fraction, measure = max(parts)
+    details = []
+    if busy is not None:
+        details.append(f"{short_pct(busy)} busy")
+        chunks = num(get(load, ("prefill", "busy_fraction")))
+        if chunks is not None:
+            details[-1] += f" ({short_pct(chunks)} in steps with prefill chunks)"
+    fill = num(agg.get("step_token_fill"))
+    if fill is not None:
+        details.append(f"steps filled {short_pct(fill)} of their token budget")
+    details += [
+        f"{name} {short_pct(v)} {'full' if name == 'batch slots' else 'reserved'}"
+        for v, name in parts
+        if name != "busy"
+    ]
+    out.append(PoolLoad("aggregated", fraction, measure, ", ".join(details)))
     return out
 
 

@@ -14,10 +14,15 @@ that each engine spent stepping (a step cut by the horizon counts up to it), ave
 pool's engines: at most 1 by construction. Being busy is not being full (a Wide-EP group steps
 whenever any rank holds one sequence), so ``load`` adds occupancy: sequences and KV per decode
 rank against their limits, tokens per prefill step against the step budget, and queue depths.
-Cost multiplies the GPUs of each pool by its hardware's price; revenue applies the configured
-per-token prices to the tokens served, per traffic class where a class is priced apart (see
-``sim/results/revenue.py``; revenue, not cost, aggregated over VE, prefill and decode, the way
-DeepSeek's published $/GPU-hour figure is).
+Under aggregated serving (``serving: aggregated``) one pool both prefills and decodes: its
+engines report in ``utilization.aggregated`` and ``load.aggregated`` (busy, tokens per step
+against the budget, steps by what they carried and how long each kind took: the prefill stall),
+``utilization.prefill`` / ``utilization.decode`` become the share of time in steps that carried
+prefill chunks / decode sequences, and ``load.prefill`` / ``load.decode`` those two sides of the
+same engines. Cost multiplies the GPUs of each pool by its hardware's price; revenue applies
+the configured per-token prices to the tokens served, per traffic class where a class is priced
+apart (see ``sim/results/revenue.py``; revenue, not cost, aggregated over VE, prefill and decode,
+the way DeepSeek's published $/GPU-hour figure is).
 """
 
 from __future__ import annotations
@@ -86,15 +91,18 @@ def _prefill(cl: Cluster, rep: Reports) -> dict[str, Any]:
         if sel.any():
             ttft = (t.t_transfer_end - t.arrival)[sel]
             by_tier[name] = {"requests": int(sel.sum()), "ttft_s": dist_stats(ttft)}
+    sc = cl.sc
+    agg = sc.pools.aggregated if sc.aggregated else None
     return {
-        "scheduler": cl.sc.pools.prefill.scheduler,
-        "router": cl.sc.policies.prefill_router,
-        "swa_mode": cl.sc.cache.swa.mode,
+        "scheduler": agg.scheduler if agg is not None else sc.pools.prefill.scheduler,
+        # aggregated: the decode balancer places a request on the rank that serves it all
+        "router": sc.policies.decode_balancer if agg is not None else sc.policies.prefill_router,
+        "swa_mode": sc.cache.swa.mode,
         "compute_tokens": sum(s["compute_tokens"] for s in stats),
         "replay_tokens": sum(s["replay_tokens"] for s in stats),
         "flops": sum(s["flops"] for s in stats),
         "replay_flops": sum(s["replay_flops"] for s in stats),
-        "steps": sum(s["steps"] for s in stats),
+        "steps": sum(s["prefill_steps" if agg is not None else "steps"] for s in stats),
         "swa_hits": int(((looked == 2) | (looked == 3)).sum()),
         "swa_remote_hits": int((looked == 3).sum()),
         "swa_misses": int((looked == 1).sum()),
@@ -132,11 +140,18 @@ def _eplb(cl: Cluster, rep: Reports) -> dict[str, Any]:
     out: dict[str, Any] = {"imbalance": eplb.imbalance}
     by_pool = {}
     totals = {"rebalances": 0, "moved_bytes": 0.0, "moved_experts": 0, "stall_s": 0.0}
-    for pool, groups in (
+    pools: tuple[tuple[str, list[Report | None]], ...] = (
         ("prefill", rep.prefill_experts),
         ("decode", [g["experts"] for g in rep.decode]),
-    ):
+    )
+    if sc.aggregated:  # one engine both ways: its experts once
+        pools = (("aggregated", [g["experts"] for g in rep.decode]),)
+    for pool, groups in pools:
         live = [e for e in groups if e is not None]
+        if not live and pool == "aggregated":  # a step with chunks: prefill's, else decode's
+            out["prefill_imbalance_mean"] = constant.prefill
+            out["decode_imbalance_mean"] = constant.decode
+            continue
         if not live:
             out[f"{pool}_imbalance_mean"] = getattr(constant, pool)
             continue
@@ -184,16 +199,17 @@ def _storage(cl: Cluster, rep: Reports, read_gbps_peak: float) -> dict[str, Any]
     return out
 
 
-def _busy(engines: Sequence[Report]) -> float:
+def _busy(engines: Sequence[Report], kind: str = "") -> float:
     """Seconds the engines spent stepping up to the reports' time (a step in flight counts up
-    to it)."""
-    return sum(e["busy_s"] + e["stepping_s"] for e in engines)
+    to it); ``kind`` ``prefill_`` / ``decode_``: in an aggregated instance's steps that carried
+    prefill chunks / decode sequences."""
+    return sum(e[f"{kind}busy_s"] + e[f"{kind}stepping_s"] for e in engines)
 
 
-def _utilization(engines: Sequence[Report], window: float) -> float | None:
+def _utilization(engines: Sequence[Report], window: float, kind: str = "") -> float | None:
     if not engines:
         return None
-    return float(min(1.0, _busy(engines) / (window * len(engines))))  # min(): round-off
+    return float(min(1.0, _busy(engines, kind) / (window * len(engines))))  # min(): round-off
 
 
 def _load(
@@ -203,6 +219,8 @@ def _load(
     holds nothing); ``*_while_busy`` means are over the time the engines were stepping."""
     sc = cl.sc
     queues = queues or {}
+    if sc.aggregated:
+        return _load_aggregated(cl, rep, window, queues)
     d = sc.pools.decode
     groups = rep.decode
     ranks = len(groups) * d.dp
@@ -244,6 +262,95 @@ def _load(
     }
     out: dict[str, Any] = {"window_s": window, "prefill": prefill, "decode": decode}
     out["transfer"] = {"queue": queues.get("transfer")}
+    if rep.vision:
+        out["vision"] = {
+            "busy_fraction": _utilization(rep.vision, window),
+            "queue": queues.get("vision"),
+        }
+    return out
+
+
+def _load_aggregated(
+    cl: Cluster, rep: Reports, window: float, queues: dict[str, dict[str, float]]
+) -> dict[str, Any]:
+    """``load`` of an aggregated run: the pool as a whole (``aggregated``: busy, tokens per step
+    — decode and chunks — against the budget, and the mean step by what it carried, the mixed
+    steps' excess over the decode-only ones being the prefill stall), its decode side
+    (``decode``: sequences and KV per rank, as a decode group's; busy: steps with sequences)
+    and its prefill side (``prefill``: chunk tokens per step that carried chunks, against the
+    same budget; busy: steps with chunks)."""
+    sc = cl.sc
+    agg = sc.pools.aggregated
+    assert agg is not None
+    engines = rep.decode
+    ranks = len(engines) * agg.dp
+    cap = cl.kv_capacity_tokens
+    busy = sum(e["busy_s"] for e in engines)
+    busy_d = sum(e["decode_busy_s"] for e in engines)
+    seq_s = sum(e["seq_s"] for e in engines)
+    kv_s = sum(e["kv_s"] for e in engines)
+    res_s = sum(e["reserved_s"] for e in engines)
+    seqs_mean = seq_s / (window * ranks)
+    budget = agg.max_tokens_per_step * agg.dp
+
+    def total(key: str) -> float:
+        return sum(e[key] for e in engines)
+
+    def mean_s(kind: str) -> float | None:
+        steps = total(f"{kind}_steps")
+        return total(f"{kind}_s") / steps if steps else None
+
+    steps = total("steps")
+    p_steps = total("prefill_steps")
+    chunk_per_step = total("chunk_tokens") / p_steps if p_steps else 0.0
+    per_step = total("step_tokens") / steps if steps else 0.0
+    mixed, pure = mean_s("mixed"), mean_s("decode_only")
+    aggregated = {
+        "instances": len(engines),
+        "ranks": ranks,
+        "busy_fraction": _utilization(engines, window),
+        "steps": int(steps),
+        "tokens_per_step_mean": per_step,
+        "step_token_budget": budget,
+        "step_token_fill": per_step / budget,
+        "mixed_steps": int(total("mixed_steps")),
+        "decode_only_steps": int(total("decode_only_steps")),
+        "prefill_only_steps": int(total("prefill_only_steps")),
+        "mixed_step_s_mean": mixed,
+        "decode_only_step_s_mean": pure,
+        "prefill_only_step_s_mean": mean_s("prefill_only"),
+        "prefill_stall_s_mean": mixed - pure if mixed is not None and pure is not None else None,
+        "queue": queues.get("prefill"),
+    }
+    decode = {
+        "busy_fraction": _utilization(engines, window, "decode_"),
+        "seqs_per_rank_mean": seqs_mean,
+        "seqs_per_rank_while_busy": seq_s / (busy_d * ranks) if busy_d else 0.0,
+        "max_seqs_per_rank": agg.max_seqs_per_rank,
+        "batch_fill": seqs_mean / agg.max_seqs_per_rank,
+        "kv_tokens_per_rank_mean": kv_s / (window * ranks),
+        "kv_capacity_tokens_per_rank": cap,
+        "kv_used_fraction_mean": kv_s / (window * ranks * cap),
+        "kv_reserved_fraction_mean": res_s / (window * ranks * cap),
+        "kv_used_fraction_while_busy": kv_s / (busy * ranks * cap) if busy else 0.0,
+        "queue": queues.get("decode"),
+        "parked_queue": queues.get("decode_parked"),
+    }
+    prefill = {
+        "busy_fraction": _utilization(engines, window, "prefill_"),
+        "tokens_per_step_mean": chunk_per_step,
+        "step_token_budget": budget,
+        "step_token_fill": chunk_per_step / budget,
+        "step_s_mean": total("prefill_busy_s") / p_steps if p_steps else 0.0,
+        "step_time_budget_s": agg.step_time_budget_s if agg.scheduler == "chunked" else None,
+        "queue": queues.get("prefill"),
+    }
+    out: dict[str, Any] = {
+        "window_s": window,
+        "aggregated": aggregated,
+        "prefill": prefill,
+        "decode": decode,
+    }
     if rep.vision:
         out["vision"] = {
             "busy_fraction": _utilization(rep.vision, window),
@@ -428,7 +535,22 @@ def summarize(
     steps = sum(g["steps"] for g in groups)
     verified = sum(g["verify_sum"] for g in groups)
     emitted = sum(g["tokens_out"] for g in groups)
-    ranks = pools.decode.groups * pools.decode.dp
+    agg = pools.aggregated if sc.aggregated else None
+    # the engines that decode and those that prefill: decode groups and prefill instances, or
+    # the aggregated instances both ways
+    dp = agg.dp if agg is not None else pools.decode.dp
+    ranks = (agg.instances if agg is not None else pools.decode.groups) * dp
+    prefill_gpus = agg.gpus if agg is not None else pools.prefill.gpus
+    decode_gpus = agg.gpus if agg is not None else pools.decode.gpus
+    utilization = {
+        "vision": _utilization(rep.vision, window),
+        "prefill": _utilization(rep.prefill, window),
+        "decode": _utilization(groups, window),
+    }
+    if agg is not None:  # steps that carried chunks / sequences, and all of them
+        utilization["prefill"] = _utilization(groups, window, "prefill_")
+        utilization["decode"] = _utilization(groups, window, "decode_")
+        utilization["aggregated"] = _utilization(groups, window)
     return {
         "scenario": sc.name,
         "requests": {
@@ -460,8 +582,8 @@ def summarize(
             "output_tok_per_s": out_s,
             "total_tok_per_s": in_s + out_s,
             "output_tok_per_s_per_gpu": out_s / max(1, pools.gpus),
-            "input_tok_per_s_per_prefill_gpu": in_s / pools.prefill.gpus,
-            "output_tok_per_s_per_decode_gpu": out_s / pools.decode.gpus,
+            "input_tok_per_s_per_prefill_gpu": in_s / prefill_gpus,
+            "output_tok_per_s_per_decode_gpu": out_s / decode_gpus,
             "peak_output_tok_per_s": _peak_output_tok_per_s(cl, timeseries),
             "peak_window_s": sc.sim.timeseries_interval_s,
             "peak_concurrent_requests": _peak_concurrency(cl),
@@ -472,21 +594,17 @@ def summarize(
             "request_per_s": n_good / makespan,
             "fraction_of_completed": n_good / completed if completed else None,
         },
-        "utilization": {
-            "vision": _utilization(rep.vision, window),
-            "prefill": _utilization(rep.prefill, window),
-            "decode": _utilization(groups, window),
-        },
+        "utilization": utilization,
         "load": _load(cl, rep, window, queues),
         "decode": {
             "steps": steps,
-            "mean_batch_per_rank": seq_steps / (steps * pools.decode.dp) if steps else 0.0,
+            "mean_batch_per_rank": seq_steps / (steps * dp) if steps else 0.0,
             "balancer": sc.policies.decode_balancer,
             "speculative": sc.policies.speculative.policy,
             "verify_tokens_per_seq_step": verified / seq_steps if seq_steps else 0.0,
             "accepted_tokens_per_seq_step": emitted / seq_steps if seq_steps else 0.0,
             "tokens_per_s_per_rank": out_s / ranks,
-            "kv_policy": pools.decode.kv_policy,
+            "kv_policy": agg.kv_policy if agg is not None else pools.decode.kv_policy,
             "preemptions": sum(g["preemptions"] for g in groups),
             "recompute_s": sum(g["recompute_s"] for g in groups),
             "rank_failures": sum(g["rank_failures"] for g in groups),

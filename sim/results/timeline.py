@@ -27,6 +27,10 @@ Open the file at ui.perfetto.dev (or chrome://tracing). Tracks, one per engine o
   prefill, transfer, decode queue, decode), and one flow arrow prefill instance → P→D link →
   decode group.
 
+Under aggregated serving an instance is drawn twice, as prefill / instance i (the spans of
+the prompts it prefilled) and as decode / group i (its steps, exact: every step, mixed or not);
+the P->D link tracks stay empty (a hand-off is local and takes no time).
+
 Bounds: a window ``[t_from, t_to]`` (spans are clipped to it), the request sample, and a hard cap
 on events. Past the cap, storage spans go first, then engine and link spans, each tier cut at a
 time past which its tracks are dropped (so what is drawn is complete up to it; requests are
@@ -51,6 +55,7 @@ import pandas as pd
 from ...errors import UserError
 
 if TYPE_CHECKING:
+    from ...scenario import Scenario
     from ..core.cluster import Cluster
     from .result import Result
 
@@ -191,7 +196,7 @@ class TimelineCapture:
             requests=result.requests,
             prefill_instances=len(cl.prefill),
             decode_groups=len(cl.decode),
-            decode_ep=cl.sc.pools.decode.dp,
+            decode_ep=_decode_ranks(cl.sc),
             storage_nodes=len(rec.open) if rec is not None else 0,
             storage_width=nodes.width if rec is not None else 0,
             decode_steps=steps,
@@ -201,6 +206,12 @@ class TimelineCapture:
             end_s=float(cl.env.now),
             source="run (in memory)",
         )
+
+
+def _decode_ranks(sc: Scenario) -> int:
+    """DP ranks of one decode group (or aggregated instance: it prefills on them too)."""
+    agg = sc.pools.aggregated if sc.aggregated else None
+    return agg.dp if agg is not None else sc.pools.decode.dp
 
 
 def sources_from_run_dir(run_dir: str | Path) -> TimelineSources:
@@ -223,11 +234,12 @@ def sources_from_run_dir(run_dir: str | Path) -> TimelineSources:
             end = float(json.loads(summary.read_text(encoding="utf-8"))["sim"]["simulated_s"])
         except (KeyError, TypeError, ValueError):
             end = None
+    agg = sc.pools.aggregated if sc.aggregated else None
     return TimelineSources(
         requests=frame,
-        prefill_instances=sc.pools.prefill.instances,
-        decode_groups=sc.pools.decode.groups,
-        decode_ep=sc.pools.decode.dp,
+        prefill_instances=agg.instances if agg is not None else sc.pools.prefill.instances,
+        decode_groups=agg.instances if agg is not None else sc.pools.decode.groups,
+        decode_ep=_decode_ranks(sc),
         scenario=sc.name,
         end_s=end,
         source=f"run folder {d} (requests.parquet)",

@@ -9,6 +9,10 @@ it never exceeds 1. A rate with nothing to divide (the prefix hit rate of an int
 prompt was looked up, the expert imbalance of one in which no step ran) is NaN, not 0. The same
 samples give the run's queue-depth statistics (:meth:`queue_stats`).
 
+Under aggregated serving ``prefill_util`` and ``decode_util`` are the shares of the interval
+its instances spent in steps that carried prefill chunks and decode sequences, and
+``aggregated_util`` the share they spent stepping.
+
 Every number comes from a component's own ``report()`` (the engines', the prefill path's with the
 store's, the links') and the requests table; a sample asks each component once.
 """
@@ -36,8 +40,10 @@ def _factor_sums(pool: str, groups: list[Report | None]) -> dict[str, float]:
     }
 
 
-def _busy(engines: list[Report]) -> float:
-    return sum(e["busy_s"] + e["stepping_s"] for e in engines)
+def _busy(engines: list[Report], kind: str = "") -> float:
+    """Stepping seconds so far; ``kind`` ``prefill_`` / ``decode_``: an aggregated instance's
+    steps that carried prefill chunks / decode sequences."""
+    return sum(e[f"{kind}busy_s"] + e[f"{kind}stepping_s"] for e in engines)
 
 
 # summary queue name -> time-series column (prefill: prompts on the instances, queued or being
@@ -104,6 +110,7 @@ class TimeseriesSampler:
         self.interval = interval_s
         self.log = ColumnLog()
         self.kv = cl.path.kv if cl.path is not None else None
+        self.aggregated = cl.sc.aggregated  # prefill_util / decode_util: the two sides of one pool
         self.read_gbps_peak = 0.0
         self._prev = self._counters(Reports.of(cl))
         cl.env.process(self._run())
@@ -111,10 +118,11 @@ class TimeseriesSampler:
     def _counters(self, s: Reports) -> dict[str, float]:
         path = s.path
         store = path["storage"] if path is not None else None
-        return {
+        sides = ("prefill_", "decode_") if self.aggregated else ("", "")
+        counters = {
             "t": self.cl.env.now,
-            "prefill_busy": _busy(s.prefill),
-            "decode_busy": _busy(s.decode),
+            "prefill_busy": _busy(s.prefill, sides[0]),
+            "decode_busy": _busy(s.decode, sides[1]),
             "vision_busy": _busy(s.vision),
             "prefill_tokens": sum(p["compute_tokens"] for p in s.prefill),
             "hit_tokens": path["hit_tokens"] if path else 0,
@@ -124,6 +132,9 @@ class TimeseriesSampler:
             **_factor_sums("prefill", s.prefill_experts),
             **_factor_sums("decode", [g["experts"] for g in s.decode]),
         }
+        if self.aggregated:
+            counters["aggregated_busy"] = _busy(s.decode)
+        return counters
 
     def _run(self):
         while True:
@@ -139,6 +150,9 @@ class TimeseriesSampler:
             return
         states = np.bincount(cl.table.state, minlength=len(State))
         pools = cl.sc.pools
+        prefill_engines, decode_engines = pools.prefill.instances, pools.decode.groups
+        if pools.aggregated is not None and self.aggregated:
+            prefill_engines = decode_engines = pools.aggregated.instances
         batches = np.concatenate([g["batch"] for g in s.decode])
         reserved = np.concatenate([g["reserved"] for g in s.decode])
 
@@ -146,32 +160,33 @@ class TimeseriesSampler:
             # <= 1 by construction; min() only absorbs float round-off of step end times
             return min(1.0, (now[key] - self._prev[key]) / (dt * units)) if units else 0.0
 
-        self.log.append(
-            {
-                "t_s": now["t"],
-                "arrived": cl.arrived,
-                "completed": int(states[State.DONE]),
-                "rejected": int(states[State.REJECTED]),
-                "vision_queue": sum(v["queued"] for v in s.vision),
-                "prefill_queue": sum(p["queued"] for p in s.prefill),
-                "transfers_in_flight": sum(link.report()["active"] for link in cl.links),
-                "decode_waiting": sum(g["waiting"] for g in s.decode),
-                "decode_running": sum(g["running"] for g in s.decode),
-                "decode_parked": len(cl.parked),
-                "decode_batch_mean": float(batches.mean()),
-                "decode_batch_max": int(batches.max()),
-                "decode_kv_reserved_frac": float(reserved.mean() / cl.kv_capacity_tokens),
-                "vision_util": util("vision_busy", pools.vision.instances),
-                "prefill_util": util("prefill_busy", pools.prefill.instances),
-                "decode_util": util("decode_busy", pools.decode.groups),
-                "prefill_tok_per_s": (now["prefill_tokens"] - self._prev["prefill_tokens"]) / dt,
-                "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
-                "prefill_imbalance": self._imbalance("prefill", now),
-                "decode_imbalance": self._imbalance("decode", now),
-                "prefix_hit_rate": self._hit_rate(now),
-                **self._storage(now, dt),
-            }
-        )
+        row = {
+            "t_s": now["t"],
+            "arrived": cl.arrived,
+            "completed": int(states[State.DONE]),
+            "rejected": int(states[State.REJECTED]),
+            "vision_queue": sum(v["queued"] for v in s.vision),
+            "prefill_queue": sum(p["queued"] for p in s.prefill),
+            "transfers_in_flight": sum(link.report()["active"] for link in cl.links),
+            "decode_waiting": sum(g["waiting"] for g in s.decode),
+            "decode_running": sum(g["running"] for g in s.decode),
+            "decode_parked": len(cl.parked),
+            "decode_batch_mean": float(batches.mean()),
+            "decode_batch_max": int(batches.max()),
+            "decode_kv_reserved_frac": float(reserved.mean() / cl.kv_capacity_tokens),
+            "vision_util": util("vision_busy", pools.vision.instances),
+            "prefill_util": util("prefill_busy", prefill_engines),
+            "decode_util": util("decode_busy", decode_engines),
+            "prefill_tok_per_s": (now["prefill_tokens"] - self._prev["prefill_tokens"]) / dt,
+            "output_tok_per_s": (now["output_tokens"] - self._prev["output_tokens"]) / dt,
+            "prefill_imbalance": self._imbalance("prefill", now),
+            "decode_imbalance": self._imbalance("decode", now),
+            "prefix_hit_rate": self._hit_rate(now),
+            **self._storage(now, dt),
+        }
+        if self.aggregated:
+            row["aggregated_util"] = util("aggregated_busy", decode_engines)
+        self.log.append(row)
         self._prev = now
 
     def _storage(self, now: dict[str, float], dt: float) -> dict[str, float]:

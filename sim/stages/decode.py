@@ -149,6 +149,10 @@ class DecodeGroup(StepLoop):
         self.kick()
 
     # ---- engine side --------------------------------------------------------------------------
+    def _has_slot(self, rank: int) -> bool:
+        """Whether ``rank`` can run one more sequence."""
+        return bool(self.batch[rank] < self.max_seqs)
+
     def _admit(self) -> None:
         t = self.table
         now = self.env.now
@@ -156,7 +160,7 @@ class DecodeGroup(StepLoop):
         policy = self.kv_admission
         for rank in list(self.waiting_ranks):
             q = self.waiting[rank]
-            while q and self.batch[rank] < self.max_seqs:
+            while q and self._has_slot(rank):
                 rid = q[0]
                 resumed = bool(t.kv_lost[rid])  # its KV was dropped (preemption, failure)
                 done = int(t.decode_generated[rid])
@@ -195,20 +199,34 @@ class DecodeGroup(StepLoop):
                 self.waiting_ranks.discard(rank)
 
     def begin_step(self) -> float | None:
-        extra = 0.0
-        if self.n_waiting:
-            self._admit()
-            if any(self.recompute):
-                # resumed sequences rebuild their KV first: a prefill of their context, in step
-                extra = self.cost.prefill_step(self.recompute, self.imbalance)
-                self.recompute_s += extra
-                for r in self.recompute:
-                    r.clear()
+        extra = self._admit_waiting()
         if self.n == 0:
             return None
         return extra + self._decode_step_time()
 
+    def _admit_waiting(self) -> float:
+        """Admit waiting requests to free slots; the seconds their KV recompute adds to this
+        step (resumed sequences rebuild their KV first: a prefill of their context, in step)."""
+        extra = 0.0
+        if self.n_waiting:
+            self._admit()
+            if any(self.recompute):
+                extra = self.cost.prefill_step(self.recompute, self.imbalance)
+                self.recompute_s += extra
+                for r in self.recompute:
+                    r.clear()
+        return extra
+
     def _decode_step_time(self) -> float:
+        tokens = self._decode_tokens()
+        stall = self._expert_step(tokens)
+        step = self.cost.decode_step_packed(self._costed(self.load), self.imbalance)
+        return self._with_speculation(stall + step)
+
+    def _decode_tokens(self) -> np.ndarray:
+        """This step's tokens per slot (1 + verified drafts; 0 for a hole), with the per-rank
+        rows of ``load`` they make (tokens, context-weighted tokens) filled in; the drafter's
+        time of the step is kept for :meth:`_with_speculation`."""
         load = self.load
         spec = self.spec
         hw = self.hw
@@ -216,8 +234,7 @@ class DecodeGroup(StepLoop):
         if spec is None or not spec.active:
             load[2] = load[0]
             load[3] = load[1]
-            stall = self._expert_step(live.astype(np.float64))
-            return stall + self.cost.decode_step_packed(self._costed(load), self.imbalance)
+            return live.astype(np.float64)
         if spec.draft is not None:  # fixed per group: _draft_s stays 0.0 without one
             costed = self._costed(load)
             self._draft_s = spec.draft.step_s(self.cost, costed[0], costed[1], self.imbalance)
@@ -227,9 +244,15 @@ class DecodeGroup(StepLoop):
         load[2] = np.bincount(ranks, weights=tokens, minlength=self.ep)
         load[3] = np.bincount(ranks, weights=tokens * self.s_ctx[:hw], minlength=self.ep)
         self.verify_sum += int(v[live].sum())
-        stall = self._expert_step(tokens.astype(np.float64))
-        step = self.cost.decode_step_packed(self._costed(load), self.imbalance)
-        return stall + step + spec.overhead_s + self._draft_s
+        return tokens.astype(np.float64)
+
+    def _with_speculation(self, step_s: float) -> float:
+        """A decode step's seconds with speculative decoding's own: the policy's overhead and
+        the drafter's passes."""
+        spec = self.spec
+        if spec is None or not spec.active:
+            return step_s
+        return step_s + spec.overhead_s + self._draft_s
 
     def _expert_step(self, tokens: np.ndarray) -> float:
         """Sample this step's expert imbalance from the slots' routed tokens; returns the weight

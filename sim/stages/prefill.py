@@ -19,7 +19,8 @@ exact) runs in the same step through the decoder layers. The step time comes fro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
@@ -54,6 +55,92 @@ class PrefillStats:
         self.replay_tokens = 0
         self.flops = 0.0
         self.replay_flops = 0.0
+
+    def count(
+        self, seq: PrefillSeq, n: int, replay: int, flops: Callable[[int, int, bool], float]
+    ) -> None:
+        """A chunk of ``n`` positions of ``seq`` (before its ``pos`` moves on) ran, with
+        ``replay`` decoder-layer replay tokens: its encoder-replay part, computed tokens, FLOPs."""
+        enc = min(n, seq.enc_left)
+        seq.enc_left -= enc
+        self.chunk_tokens += n
+        self.compute_tokens += n - enc
+        self.replay_tokens += enc + replay
+        f = flops(n, seq.pos, False)
+        self.flops += f
+        if replay:
+            rf = flops(replay, seq.end - replay, True)
+            self.flops += rf
+            self.replay_flops += rf
+        if enc:
+            self.replay_flops += f * enc / n
+
+
+def fill_rank(
+    seqs: Iterable[PrefillSeq],
+    chunking: ChunkPolicy,
+    time_left: float,
+    tokens_left: int,
+    quad: tuple[float, float, float],
+    chunks: list[Chunk],
+    replays: list[Chunk],
+    running: list[tuple[PrefillSeq, int, int]],
+) -> None:
+    """One DP rank's chunks of a step: walk its sequences in order and let the chunk policy
+    say how many tokens of each go in (``time_left`` past the quadratic's fixed term and
+    ``tokens_left`` free; ``quad``: its per-sequence terms b, c, d), until one gets none or the
+    step is full. Appends each chunk (n, computed prefix) to ``chunks``, the decoder-layer
+    replay segment of a prompt whose last chunk runs to ``replays``, and (seq, n, replay) to
+    ``running``. ``seqs`` may be lazy: a sequence is asked for only while the step has room."""
+    b, c, d = quad
+    take, full = chunking.take, chunking.full
+    for seq in seqs:
+        remaining = seq.end - seq.pos
+        n = take(remaining, seq.pos, time_left, tokens_left, not chunks, b, c, d)
+        if n <= 0:
+            break
+        chunks.append((n, seq.pos))
+        replay = 0
+        if n == remaining and seq.dec_replay:
+            replay = seq.dec_replay
+            replays.append((replay, seq.end - replay))
+        running.append((seq, n, replay))
+        time_left -= chunk_time(n, seq.pos, b, c, d)
+        tokens_left -= n
+        if full(time_left, tokens_left):
+            break
+
+
+def mark_started(
+    running: Iterable[tuple[PrefillSeq, int, int]], start_col: np.ndarray, now: float
+) -> None:
+    """Stamp ``t_prefill_start`` of the requests whose first chunk is in this step."""
+    for seq, _, _ in running:
+        if start_col[seq.rid] != start_col[seq.rid]:  # NaN: first chunk of this request
+            start_col[seq.rid] = now
+
+
+class PrefillEngine(Protocol):
+    """What the prefill path, its router and the admission policy ask of an engine that runs
+    prompts: a :class:`PrefillInstance`, or an aggregated instance
+    (``sim/stages/aggregated.py``) that decodes them too."""
+
+    idx: int
+    machine: int
+    dp: int
+    outstanding_s: float  # predicted seconds of work queued here (router signal)
+    quad: tuple[float, float, float, float]
+    stats: PrefillStats
+    experts: GroupExperts | None
+
+    @property
+    def queued(self) -> int: ...
+
+    def predicted_s(self, n: int, p: int) -> float: ...
+
+    def submit(self, rid: int, start: int, enc_replay: int, dec_replay: int) -> None: ...
+
+    def report(self, now: float) -> dict[str, Any]: ...
 
 
 class PrefillInstance(StepLoop):
@@ -152,32 +239,22 @@ class PrefillInstance(StepLoop):
         running.clear()
         now = self.env.now
         start_col = self.table.t_prefill_start
-        take, full = self.chunking.take, self.chunking.full
         for seqs in self.ranks:
             rank_chunks: list[Chunk] = []
             rank_replay: list[Chunk] = []
-            time_left = self.time_budget - a
-            tokens_left = self.max_tokens
-            for seq in seqs:
-                remaining = seq.end - seq.pos
-                n = take(remaining, seq.pos, time_left, tokens_left, not rank_chunks, b, c, d)
-                if n <= 0:
-                    break
-                rank_chunks.append((n, seq.pos))
-                replay = 0
-                if n == remaining and seq.dec_replay:
-                    replay = seq.dec_replay
-                    rank_replay.append((replay, seq.end - replay))
-                running.append((seq, n, replay))
-                time_left -= chunk_time(n, seq.pos, b, c, d)
-                tokens_left -= n
-                if full(time_left, tokens_left):
-                    break
+            fill_rank(
+                seqs,
+                self.chunking,
+                self.time_budget - a,
+                self.max_tokens,
+                (b, c, d),
+                rank_chunks,
+                rank_replay,
+                running,
+            )
             chunks.append(rank_chunks)
             replays.append(rank_replay)
-        for seq, _, _ in running:
-            if start_col[seq.rid] != start_col[seq.rid]:  # NaN: first chunk of this request
-                start_col[seq.rid] = now
+        mark_started(running, start_col, now)
         imbalance, stall = self.imbalance, 0.0
         if self.experts is not None:
             imbalance, stall = self._expert_step(now)
@@ -207,19 +284,7 @@ class PrefillInstance(StepLoop):
         now = self.env.now
         finished: list[int] = []
         for seq, n, replay in self.step_items:
-            enc = min(n, seq.enc_left)
-            seq.enc_left -= enc
-            stats.chunk_tokens += n
-            stats.compute_tokens += n - enc
-            stats.replay_tokens += enc + replay
-            flops = self.flops(n, seq.pos, False)
-            stats.flops += flops
-            if replay:
-                rf = self.flops(replay, seq.end - replay, True)
-                stats.flops += rf
-                stats.replay_flops += rf
-            if enc:
-                stats.replay_flops += flops * enc / n
+            stats.count(seq, n, replay, self.flops)
             self.outstanding_s -= self.predicted_s(n, seq.pos)
             self.rank_tokens[seq.rank] -= n
             seq.pos += n

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,15 +29,15 @@ from ...models.attention import AttentionCost
 from ...models.cost import StepCost
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
-from ...scenario import Cache, PrefillPool, Tiers
+from ...scenario import AggregatedPool, Cache, PrefillPool, Tiers
 from ...traces import RequestSource
 from ..core.network import Link
 from ..core.requests import RequestTable, State
 from ..policies.chunking import make_chunk_policy
-from ..policies.router import Route, make_router
+from ..policies.router import PrefillRouter, Route, make_router
 from .expert_parallel import GroupExperts
 from .kvstore import KvStore
-from .prefill import PrefillInstance
+from .prefill import PrefillEngine, PrefillInstance
 from .prefix_cache import PrefixStore
 from .swa import SwaDirectory, SwaLookup
 
@@ -57,6 +57,26 @@ def flop_counter(model: ModelSpec) -> Callable[[int, int, bool], float]:
     return flops
 
 
+def instances_per_machine(hw: HardwareSpec, ep: int) -> int:
+    """Instances of ``ep`` GPUs one machine of ``hw`` holds (at least one)."""
+    return max(1, hw.gpus_per_node // ep)
+
+
+def check_step_time_budget(
+    quad: tuple[float, float, float, float], model: ModelSpec, budget_s: float, key: str
+) -> None:
+    """A step-time budget must fit one token at the model's whole context (the chunk scheduler
+    would otherwise never schedule the last tokens of the longest prompts)."""
+    a, b, c, d = quad
+    worst = a + b + c * model.max_context_tokens + d
+    if worst > budget_s:
+        raise ConfigError(
+            key,
+            f"{budget_s} s cannot fit one token at the model's "
+            f"{model.max_context_tokens:,}-token context (needs {worst:.4g} s)",
+        )
+
+
 @dataclass(frozen=True)
 class PrefillRouting:
     """``policies``' prefill routing: the router's tag, its length tiers and affinity slack."""
@@ -70,7 +90,7 @@ class PrefillPath:
     def __init__(
         self,
         *,
-        pool: PrefillPool,
+        pool: PrefillPool | AggregatedPool,
         cache: Cache,
         routing: PrefillRouting,
         load_latency_s: float,
@@ -85,10 +105,15 @@ class PrefillPath:
         on_prefilled: Callable[[int, int], None],
         store: PrefixStore | None,
         experts_for: Callable[[int], GroupExperts | None] = lambda i: None,
+        engines: Sequence[PrefillEngine] | None = None,
+        router: PrefillRouter | None = None,
     ) -> None:
         """``store``: the prefix store (a ``KvStore`` for the 3FS cluster, or the in-memory one;
         None without prefix caching); ``egress``: each instance's P->D link, which its store
-        writes share; ``experts_for(i)``: instance i's live expert balance, if any."""
+        writes share; ``experts_for(i)``: instance i's live expert balance, if any.
+        ``engines`` and ``router``: engines built elsewhere (aggregated instances, which call
+        :meth:`prompt_done` when a prompt's prefill ends) and how a request is placed on them;
+        by default the path builds ``pool``'s prefill instances and ``routing``'s router."""
         self.env, self.table, self.source, self.model = env, table, source, model
         self.block = source.block_tokens
         self.on_prefilled = on_prefilled
@@ -101,7 +126,7 @@ class PrefillPath:
         swa = model.swa
         dec = swa.exact_replay_tokens if cache.swa.mode == "exact" else swa.bounded_replay_tokens
         self.dec_replay = dec if model.replay_only_layers else 0
-        per_machine = max(1, hw.gpus_per_node // pool.ep)
+        per_machine = instances_per_machine(hw, pool.ep)
         machines = -(-pool.instances // per_machine)
         host = hw.host_memory_bytes_per_gpu * hw.gpus_per_node * cache.swa.host_fraction
         self.swa: SwaDirectory | None = None
@@ -112,9 +137,38 @@ class PrefillPath:
         self.ingress = [
             Link(env, f"load{i}", load_bw, load_latency_s) for i in range(pool.instances)
         ]
+        self.boundaries = list(routing.tiers.boundaries)
+        if engines is not None and router is not None:
+            self.instances: Sequence[PrefillEngine] = engines
+            self.router: PrefillRouter = router
+        else:
+            assert isinstance(pool, PrefillPool)
+            self._build_instances(
+                pool, routing, model, env, table, source, cost, imbalance, per_machine, experts_for
+            )
+        self.hit_blocks: dict[int, int] = {}
+        self.store_writes = 0
+        self.read_latencies = array("d")  # storage-side seconds of every hit read
+        self.hit_tokens_total = 0
+        self.input_tokens_total = 0
+
+    def _build_instances(
+        self,
+        pool: PrefillPool,
+        routing: PrefillRouting,
+        model: ModelSpec,
+        env: simpy.Environment,
+        table: RequestTable,
+        source: RequestSource,
+        cost: StepCost,
+        imbalance: float,
+        per_machine: int,
+        experts_for: Callable[[int], GroupExperts | None],
+    ) -> None:
+        """The prefill pool's instances and the router over them (disaggregated serving)."""
         flops = flop_counter(model)
         chunking = make_chunk_policy(pool.scheduler)
-        self.instances = [
+        instances = [
             PrefillInstance(
                 env=env,
                 idx=i,
@@ -126,36 +180,26 @@ class PrefillPath:
                 imbalance=imbalance,
                 table=table,
                 flops=flops,
-                on_done=self._prefilled,
+                on_done=self.prompt_done,
                 chunking=chunking,
                 experts=experts_for(i),
                 traffic_class=source.traffic_class,
             )
             for i in range(pool.instances)
         ]
-        a, b, c, d = self.instances[0].quad
-        worst = a + b + c * model.max_context_tokens + d
-        if worst > pool.step_time_budget_s:
-            raise ConfigError(
-                "pools.prefill.step_time_budget_s",
-                f"{pool.step_time_budget_s} s cannot fit one token at the model's "
-                f"{model.max_context_tokens:,}-token context (needs {worst:.4g} s)",
-            )
+        check_step_time_budget(
+            instances[0].quad, model, pool.step_time_budget_s, "pools.prefill.step_time_budget_s"
+        )
         tiers = routing.tiers
-        self.boundaries = list(tiers.boundaries)
+        self.instances = instances
         self.router = make_router(
             routing.router,
             env,
-            self.instances,
+            instances,
             len(tiers.boundaries) + 1,
             tiers.round_s,
             routing.affinity_slack_s,
         )
-        self.hit_blocks: dict[int, int] = {}
-        self.store_writes = 0
-        self.read_latencies = array("d")  # storage-side seconds of every hit read
-        self.hit_tokens_total = 0
-        self.input_tokens_total = 0
 
     # ---- arrival side ---------------------------------------------------------------------------
     def admit(self, rid: int) -> None:
@@ -211,7 +255,9 @@ class PrefillPath:
             instance.submit(rid, start, enc, int(t.dec_replay[rid]))
 
     # ---- completion side ------------------------------------------------------------------------
-    def _prefilled(self, rid: int, inst: int) -> None:
+    def prompt_done(self, rid: int, inst: int) -> None:
+        """Engine ``inst`` finished ``rid``'s prompt: write its new blocks to the store, keep
+        its SWA slot, hand it on."""
         k = self.hit_blocks.pop(rid)
         hashes = self.source.blocks(rid)
         n_in = int(self.table.input_len[rid])
