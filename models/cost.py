@@ -15,7 +15,8 @@ where the all-to-all hides behind compute up to ``comm_overlap`` of the compute 
 two-micro-batch overlap) and lasts as long as its busiest end: the rank that sends the most
 tokens, or the one whose experts receive imbalance × the mean (``experts_and_exchange``); while
 a normal-mode exchange (prefill) runs beside compute it holds a share of the SMs, and the compute
-runs that much longer (``AllToAll.sm_share``).
+runs that much longer (``AllToAll.sm_share``). An aggregated engine's step, prefill chunks and
+decode in one forward, composes the same parts over both (``StepCost.mixed_step``).
 :class:`RooflineStepCost` derives the parts from ModelSpec × HardwareSpec with efficiency
 factors from YAML; calibrated profiles implement the same interface.
 """

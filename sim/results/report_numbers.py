@@ -406,8 +406,10 @@ def pool_loads(summary: dict[str, Any]) -> list[PoolLoad]:
 
 
 def _aggregated_loads(load: dict[str, Any], agg: dict[str, Any]) -> list[PoolLoad]:
-    """Aggregated serving: the vision encoders and one pool, as full as the most of its busy
-    time, batch slots and KV reservation."""
+    """Aggregated serving: the vision encoders and one pool, as full as the most of the share
+    of time it spent in steps that carried prompts (every step does once prompts queue), its
+    batch slots and its KV reservation. Its busy time is no measure: it steps whenever it holds
+    one sequence."""
     out = []
     vision = num(get(load, ("vision", "busy_fraction")))
     if vision is not None:
@@ -416,8 +418,9 @@ def _aggregated_loads(load: dict[str, Any], agg: dict[str, Any]) -> list[PoolLoa
     if not isinstance(dec, dict):
         dec = {}
     busy = num(agg.get("busy_fraction"))
+    chunks = num(get(load, ("prefill", "busy_fraction")))
     found = (
-        (busy, "busy"),
+        (chunks, "time in prefill steps"),
         (num(dec.get("batch_fill")), "batch slots"),
         (num(dec.get("kv_reserved_fraction_mean")), "KV"),
     )
@@ -426,18 +429,17 @@ def _aggregated_loads(load: dict[str, Any], agg: dict[str, Any]) -> list[PoolLoa
         return out
     fraction, measure = max(parts)
     details = []
+    if chunks is not None:
+        details.append(f"{short_pct(chunks)} of the time in steps with prefill chunks")
     if busy is not None:
         details.append(f"{short_pct(busy)} busy")
-        chunks = num(get(load, ("prefill", "busy_fraction")))
-        if chunks is not None:
-            details[-1] += f" ({short_pct(chunks)} in steps with prefill chunks)"
     fill = num(agg.get("step_token_fill"))
     if fill is not None:
         details.append(f"steps filled {short_pct(fill)} of their token budget")
     details += [
         f"{name} {short_pct(v)} {'full' if name == 'batch slots' else 'reserved'}"
         for v, name in parts
-        if name != "busy"
+        if name in ("batch slots", "KV")
     ]
     out.append(PoolLoad("aggregated", fraction, measure, ", ".join(details)))
     return out

@@ -183,6 +183,55 @@ def test_prefix_hits_shorten_prefill():
     assert plain.iloc[1]["ttft_s"] == pytest.approx(plain.iloc[0]["ttft_s"], rel=1e-9)
 
 
+def test_a_v4_prompt_replays_its_decoder_layers_with_its_last_chunk():
+    """V4.1-Flash prefills through its prefill layers only and rebuilds the decoder layers' SWA
+    state by replaying the prompt's last 128 tokens through them, in the step of its last chunk
+    (as a prefill instance does): a lone 3,000-token prompt under a 2,048 budget takes two steps,
+    the second carrying the replay, and its TTFT is exactly those two prefill steps."""
+    sc = scenario(
+        **{
+            "model": "deepseek-v4.1-flash",
+            "pools.aggregated.tp": 1,
+            "pools.aggregated.hardware": "b200",
+        }
+    )
+    result, cl = run_capturing(sc, source=make_source([0.0], 3000, 50))
+    cost = instance(cl).cost
+    imb = sc.policies.expert_imbalance.prefill
+    expected = cost.prefill_step([[(2048, 0)]], imb) + cost.prefill_step(
+        [[(952, 2048)]], imb, replay=[[(128, 3000 - 128)]]
+    )
+    row = result.requests.iloc[0]
+    assert row["decoder_replay_tokens"] == 128
+    assert row["ttft_s"] == pytest.approx(expected, rel=1e-12)
+    assert result.summary["prefill"]["replay_tokens"] == 128
+    # and with other requests decoding, the replay rides in mixed steps
+    busy = make_source([0.0, *np.linspace(0.1, 0.5, 6)], 3000, [200] + [5] * 6)
+    mixed = simulate(sc, source=busy).summary
+    assert mixed["requests"]["completed"] == 7
+    assert mixed["prefill"]["replay_tokens"] == 7 * 128
+    assert mixed["load"]["aggregated"]["mixed_steps"] > 0
+
+
+def test_kv_pressure_preempts_decoding_sequences_and_loses_none():
+    """A rank with room for a few contexts only: under ``kv_policy: preempt`` the newest
+    decoding sequences are dropped when the rank runs out and recompute their KV when
+    readmitted; prompts wait for KV before they start. Every request still completes, and the
+    end-of-run checks (KV within each rank's capacity, counted with the prompts) hold."""
+    sc = scenario(
+        **{
+            "pools.aggregated.kv_policy": "preempt",
+            "pools.aggregated.kv_hbm_fraction": 0.02,
+            "workload.rate_scale": 2.0,
+        }
+    )
+    result, cl = run_capturing(sc)
+    s = result.summary
+    assert s["requests"]["completed"] == 150
+    assert s["decode"]["preemptions"] > 0
+    assert instance(cl).check() == []
+
+
 def test_same_seed_same_result():
     """Determinism: the same scenario twice gives the same summary and the same requests."""
     a = simulate(scenario(**{"policies.eplb.imbalance": "live"}))
