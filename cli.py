@@ -214,6 +214,10 @@ def run(
         raise
     if not quiet:
         print_summary(result.summary, out)
+        from .cli_cost import band_lines
+
+        for line in band_lines(sc):
+            console().print(line, soft_wrap=True, markup=False)
     if trace is not None and timeline_file:
         from .cli_timeline import timeline_line
         from .sim.results.timeline import write_timeline
@@ -384,9 +388,11 @@ def plan(
     changed_snap = snap.derive(what_ifs) if what_ifs else None  # a bad what-if fails here
     out = writable_dir(Path(out_dir) if out_dir else default_out(snap.scenario().name, "-plan"))
     con = console()
-    from .cli_cost import precision_lines
+    from .cli_cost import band_lines, precision_lines
 
     for line in precision_lines(snap.scenario()):  # the dtype rule of each pool on a profile
+        con.print(line, soft_wrap=True, markup=False)
+    for line in band_lines(snap.scenario()):  # how far the cost models have been off
         con.print(line, soft_wrap=True, markup=False)
 
     def run(snapshot: Snapshot, folder: str):

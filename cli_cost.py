@@ -121,6 +121,12 @@ def _given_on_command_line(param: str) -> bool:
     metavar="roofline|PROFILE",
     help="Cost model of the pool (overrides cost_model.<pool>).",
 )
+@click.option(
+    "--curve",
+    is_flag=True,
+    help="decode: the throughput/interactivity curve, tokens/s per GPU and per user from one "
+    "sequence per rank up to the KV or batch limit, and the fastest per-user speed.",
+)
 @click.option("--json", "json_file", type=click.Path(dir_okay=False), help="Write the point.")
 @overrides_option("Override a config value by dotted key, e.g. --set pools.decode.ep=32.")
 @user_errors
@@ -138,6 +144,7 @@ def cost(
     prefix: int | None,
     case_ref: str | None,
     cost_model: str | None,
+    curve: bool,
     json_file: str | None,
     overrides: tuple[str, ...],
 ) -> None:
@@ -150,6 +157,8 @@ def cost(
     prefill: every GPU computes --tokens new tokens a step as whole --prompt-token prompts
              (each after --prefix cached tokens)
     case:    --case N takes the pool and point from case N of a published case file
+    curve:   --curve --context N: decode at every batch from one sequence per rank to the
+             limit, with the fastest per-user speed
     """
     from .planner.analysis import steady
     from .scenario import load_scenario
@@ -176,6 +185,16 @@ def cost(
         if given[name] is not None:
             raise UserError(f"{_flag(name)} does not apply to --pool {pool}")
     over = _overrides(overrides, cost_model, (pool,))
+    if curve:
+        if pool != "decode":
+            raise UserError("--curve applies to --pool decode")
+        for name in ("batch", "user_speed", "max_batch"):
+            if given[name] is not None:
+                raise UserError(f"{_flag(name)}: --curve runs every batch; give one or the other")
+        if context is None:
+            raise UserError("--context is required with --curve")
+        _cost_curve(load_scenario(config, over), context, verify, accept, json_file)
+        return
     if pool == "decode":
         if context is None:
             raise UserError("--context is required with --pool decode")
@@ -215,6 +234,7 @@ def cost(
             )
     _print_point(point, notes)
     rule = _print_precision(sc, pool)
+    rule.update(_print_band(sc, pool))
     if json_file:
         out = {**point.as_dict(), **rule}
         write_text(json_file, json.dumps(out, indent=1) + "\n", "--json")
@@ -226,6 +246,80 @@ def precision_lines(sc: Scenario, pools: tuple[str, ...] = ("prefill", "decode")
     from .sim.core.assemble import dtype_rules
 
     return [f"precision: {p}: {r.description}" for p, r in dtype_rules(sc).items() if p in pools]
+
+
+def _cost_curve(
+    sc: Scenario, context: int, verify: float | None, accept: float | None, json_file: str | None
+) -> None:
+    """``--curve``: the decode pool's throughput/interactivity curve, as a table (and JSON)."""
+    from rich.table import Table
+
+    from .planner.analysis import steady
+
+    points = steady.decode_curve(sc, context, verify, accept)
+    d = sc.pools.decode
+    shape = (
+        f"EP{d.ep}"
+        + (f" TP{d.tp}" if d.tp > 1 else "")
+        + (f" expert-TP{d.moe_tp}" if d.moe_tp > 1 else "")
+    )
+    t = Table(
+        title=f"decode {shape} on {d.hardware}, {points[0].cost_model}, {context:,}-token "
+        "context: throughput against interactivity",
+        header_style="bold",
+    )
+    for col in ("sequences/rank", "step ms", "tok/s per user", "tok/s per GPU", "KV fits"):
+        t.add_column(col, justify="right")
+    for p in points:
+        per_rank = (p.batch_per_gpu or 0.0) * p.tp
+        t.add_row(
+            f"{per_rank:,.0f}",
+            f"{p.step_s * 1e3:,.2f}",
+            figure(p.tokens_per_s_per_user),
+            figure(p.tokens_per_s_per_gpu),
+            "yes" if p.kv_fits else "no",
+        )
+    con = console()
+    con.print(t)
+    fastest = points[0]
+    con.print(
+        f"fastest per user: {figure(fastest.tokens_per_s_per_user)} tok/s at one sequence per "
+        f"rank ({figure(fastest.tokens_per_s_per_gpu)} tok/s per GPU); most per GPU: "
+        f"{figure(points[-1].tokens_per_s_per_gpu)} tok/s at "
+        f"{(points[-1].batch_per_gpu or 0) * points[-1].tp:,.0f} sequences per rank "
+        f"({figure(points[-1].tokens_per_s_per_user)} tok/s per user)"
+    )
+    extra = _print_precision(sc, "decode")
+    extra.update(_print_band(sc, "decode"))
+    if json_file:
+        body = {"curve": [p.as_dict() for p in points], **extra}
+        write_text(json_file, json.dumps(body, indent=1) + "\n", "--json")
+
+
+def band_lines(sc: Scenario) -> list[str]:
+    """One line per pool of the run: how far its cost model's answers have been off on the
+    published cases most like it (planner/analysis/corpus_fit.py)."""
+    from .planner.analysis.corpus_fit import band_for
+
+    pools = ("aggregated",) if getattr(sc, "serving", "") == "aggregated" else ("prefill", "decode")
+    out = []
+    for pool in pools:
+        band = band_for(sc, pool)
+        if band is not None:
+            out.append(f"error band: {pool} ({sc.cost_model.for_pool(pool)}): {band.text()}")
+    return out
+
+
+def _print_band(sc: Scenario, pool: str) -> dict[str, Any]:
+    """Print the pool's error band; ``{"error_band": ...}`` for --json (else empty)."""
+    from .planner.analysis.corpus_fit import band_for
+
+    band = band_for(sc, pool)
+    if band is None:
+        return {}
+    model = sc.cost_model.for_pool(pool)
+    console().print(f"error band: {pool} ({model}): {band.text()}", soft_wrap=True, markup=False)
+    return {"error_band": {"band": band.band, "cases": band.cases, "alike": band.alike}}
 
 
 def _print_precision(sc: Scenario, pool: str) -> dict[str, Any]:

@@ -18,7 +18,10 @@ GPU), so the share the exchange takes over shows by name. ``merge`` re-fits each
 model's ``moe`` and fits its ``moe_experts`` (``sweep.fit_routed``), replacing those fits, their
 errors and raw points on the profile's one hardware, and notes the file in the provenance;
 ``--keep-whole`` keeps the profile's ``moe`` (what its engine-core replays were checked with) and
-adds only ``moe_experts``.
+adds only ``moe_experts``. A measured model the profile does not hold — an expert-parallel slice,
+``NAME@tp1-moetpM``, each routed expert narrowed M ways (expert tensor parallelism) — becomes an
+entry of its own with only those fits; a pool at that expert width takes them beside the block
+fits of another entry (``Profile.coefs``).
 """
 
 from __future__ import annotations
@@ -30,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..models.profile import Profile, load_profile, write_profile
+from ..models.profile import (
+    HardwareCoefs,
+    ModelFits,
+    Profile,
+    Widths,
+    load_profile,
+    write_profile,
+)
 from ..models.registry import load_model
 from .sweep import (
     Grid,
@@ -92,6 +102,7 @@ def measure_model(
             "moe_experts": _kernels(lambda: moe.forward_experts(rows, offs), bench.cuda),
         },
         "model": bench.spec.name,
+        "widths": Widths.of(bench.spec).model_dump(),
         "device": bench.device_name,
         "hardware": bench.hardware,
         "software": bench.software,
@@ -109,8 +120,9 @@ def merge(
     models = dict(profile.models)
     done = []
     for name, res in measured.get("models", {}).items():
-        if name not in models:
-            raise UserError(f"{source}: model {name!r} is not in profile {profile.name!r}")
+        new = name not in models
+        if new:
+            models[name] = _experts_entry(name, res.get("widths"), profile, source)
         fits = models[name]
         top_k = fits.widths.top_k if fits.widths else load_model(name).moe.top_k
         if len(fits.hardware) != 1:
@@ -122,10 +134,11 @@ def merge(
         errors = dict(fits.fit)
         ((hw, coefs),) = fits.hardware.items()
         moe = coefs.moe
-        if not keep_whole:
+        whole = keep_whole and not new  # a new entry's whole call is its own measurement
+        if not whole:
             moe, errors["moe"] = fit_routed(m, top_k)
         alone = fit_experts_alone(m, top_k, errors)
-        taken = RAW_KEYS[2:] if keep_whole else RAW_KEYS
+        taken = RAW_KEYS[2:] if whole else RAW_KEYS
         raw = {k: v for k, v in fits.raw.items() if k not in taken}
         raw.update({k: res["raw"][k] for k in taken if res["raw"].get(k)})
         models[name] = fits.model_copy(
@@ -144,6 +157,25 @@ def merge(
     return profile.model_copy(
         update={"models": models, "provenance": prov.model_copy(update={"note": prov.note + note})}
     )
+
+
+def _experts_entry(
+    name: str, widths: dict[str, Any] | None, profile: Profile, source: str
+) -> ModelFits:
+    """A new entry for an expert-parallel slice (``NAME@tp1-moetpM``: the model's routed experts
+    narrowed ``M`` ways) whose fits ``merge`` is about to set: its widths as measured, no
+    attention-block fits, the whole model's dtypes and all-to-all. A pool at that expert width
+    takes its block fits from another entry (``Profile.coefs``)."""
+    base = name.partition("@")[0]
+    if base not in profile.models or widths is None:
+        raise UserError(
+            f"{source}: model {name!r} is not in profile {profile.name!r}"
+            + ("" if widths is None else f" and neither is {base!r}")
+        )
+    whole = profile.models[base]
+    (hw, coefs), *_ = whole.hardware.items()
+    bare = HardwareCoefs(prefill={}, decode={}, moe=coefs.moe, a2a=coefs.a2a, graphed=coefs.graphed)
+    return ModelFits(dtypes=whole.dtypes, widths=Widths.model_validate(widths), hardware={hw: bare})
 
 
 def main(argv: list[str] | None = None) -> int:

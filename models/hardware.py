@@ -17,6 +17,9 @@ class FlopRates(FrozenModel):
     bf16: float = Field(gt=0)
     fp8: float | None = Field(None, gt=0)
     fp4: float | None = Field(None, gt=0)
+    int8: float | None = Field(
+        None, gt=0, description="INT8 tensor rate (W8A8); None: INT8 runs at the FP8 rate"
+    )
 
 
 class ScaleUp(FrozenModel):
@@ -48,7 +51,11 @@ class HardwareSpec(FrozenModel):
     scaleout: ScaleOut
 
     def flops(self, compute_class: str) -> float:
-        """Dense FLOP/s of a compute class; a missing low-precision unit runs at the next wider."""
+        """Dense FLOP/s of a compute class; a missing low-precision unit runs at the next wider
+        (INT8: at the FP8 rate, else BF16)."""
+        if compute_class == "int8":
+            rate8 = self.flops_per_s.int8
+            return float(rate8) if rate8 is not None else self.flops("fp8")
         order = ["fp4", "fp8", "bf16"]
         start = order.index(compute_class) if compute_class in order else 2
         for cls in order[start:]:

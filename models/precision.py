@@ -99,7 +99,7 @@ def target_dtype(model_dtype: str, measured_dtype: str, hw: HardwareSpec) -> str
     """The dtype a model's ``model_dtype`` tensors run in on ``hw`` when a profile is derived for
     it: its own where ``hw`` has tensor units for it, else the dtype they were measured in."""
     cls = compute_class(model_dtype)
-    if cls in ("fp4", "fp8") and getattr(hw.flops_per_s, cls) is None:
+    if cls in ("fp4", "fp8", "int8") and getattr(hw.flops_per_s, cls) is None:
         return measured_dtype
     return model_dtype
 
@@ -329,7 +329,7 @@ def _weights(
     units = d_cls == "bf16" or getattr(hw.flops_per_s, d_cls) is not None
     source: Source
     if not units:
-        wider = ("fp4", "fp8", "bf16")[("fp4", "fp8", "bf16").index(d_cls) + 1 :]
+        wider = {"fp4": ("fp8", "bf16"), "fp8": ("bf16",), "int8": ("fp8", "bf16")}[d_cls]
         runs_at = next(c for c in wider if c == "bf16" or getattr(hw.flops_per_s, c) is not None)
         rate = f"the {_name(runs_at)} rate" + ("" if r == 1.0 else f" ({_x(r)})")
         text = (
@@ -426,8 +426,11 @@ def fitted_dtypes(profile: Profile, spec: ModelSpec, hw: HardwareSpec) -> Dtypes
     try:
         fits = profile.for_model(spec)
         names = [n for n, f in profile.models.items() if f is fits]
-    except ConfigError:  # covered by more than one entry: every entry on this hardware
-        names = [n for n, f in profile.models.items() if hw.name in f.hardware]
+    except ConfigError:  # covered by two entries (blocks and experts), or none: all of them
+        pair = profile.combined_entries(spec, hw.name)
+        names = (
+            list(pair) if pair else [n for n, f in profile.models.items() if hw.name in f.hardware]
+        )
     found: list[Dtypes] = []
     for n in names:
         d = _entry_dtypes(profile, n, hw)

@@ -304,6 +304,9 @@ class Widths(FrozenModel):
     expert_width: int
     top_k: int
     attention: dict[str, int]
+    shared_expert_width: int | None = Field(
+        None, description="None: expert_width (a tensor-parallel slice narrows it apart)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -326,7 +329,17 @@ class Widths(FrozenModel):
             expert_width=spec.moe.expert_width,
             top_k=spec.moe.top_k,
             attention=spec.attention.model_dump(),
+            shared_expert_width=spec.moe.shared_expert_width,
         )
+
+    def of_layers(self) -> tuple[Any, ...]:
+        """What the attention-block fits (attention, shared expert, dense layers) depend on."""
+        shared = self.shared_expert_width or self.expert_width
+        return (self.hidden, self.top_k, self.attention, shared)
+
+    def of_experts(self) -> tuple[int, int, int]:
+        """What the routed-expert fits depend on."""
+        return (self.hidden, self.top_k, self.expert_width)
 
 
 class ModelFits(FrozenModel):
@@ -384,17 +397,22 @@ class Profile(FrozenModel):
         return sorted({hw for fits in self.models.values() for hw in fits.hardware})
 
     def for_model(self, spec: ModelSpec) -> ModelFits:
-        """The fits of ``spec``: its own, else a fitted model's with identical layer widths."""
-        if spec.name in self.models:
-            return self.models[spec.name]
+        """The fits of ``spec``: its own, else a fitted model's with identical layer widths
+        (entries that hold only routed-expert fits — expert-parallel slices — are not a
+        model's fits: ``coefs`` combines them with another's blocks)."""
+        own = self.models.get(spec.name)
+        if own is not None and _has_blocks(own):
+            return own
         want = Widths.of(spec)
         for name, fits in self.models.items():
-            if _widths(name, fits) == want:
+            if _has_blocks(fits) and _widths(name, fits) == want:
                 return fits
         base, sep, width = spec.name.partition("@")
         if sep:  # one GPU's slice under tensor parallelism: name the widths it was measured at
             measured = sorted(
-                n.partition("@")[2] or "tp1" for n in self.models if n.startswith(base)
+                n.partition("@")[2] or "tp1"
+                for n, f in self.models.items()
+                if n.partition("@")[0] == base and _has_blocks(f)
             )
             raise ConfigError(
                 "",
@@ -413,8 +431,27 @@ class Profile(FrozenModel):
         )
 
     def coefs(self, spec: ModelSpec, hw: str) -> HardwareCoefs:
-        """The coefficients of ``spec`` on ``hw``, or one ConfigError saying which is missing."""
-        fits = self.for_model(spec)
+        """The coefficients of ``spec`` on ``hw``, or one ConfigError saying which is missing.
+
+        A model no entry matches at every width may still be covered by two: its attention
+        blocks timed at its layer widths (a tensor-parallel slice) and its routed experts timed
+        at its expert width (an expert-parallel slice, ``NAME@tp1-moetpM``): the block fits of
+        the one, the routed-expert fits of the other."""
+        try:
+            fits = self.for_model(spec)
+        except ConfigError:
+            combined = self._combined(spec, hw)
+            if combined is not None:
+                return combined
+            covered = self.hardware_names()
+            if hw not in covered:
+                raise ConfigError(
+                    "",
+                    f"profile {self.name!r} has no coefficients for hardware {hw!r} (it covers "
+                    f"{', '.join(covered)}): derive them (deepinfer-sim derive-profile) or "
+                    f"calibrate on a {hw}",
+                ) from None
+            raise
         if hw not in fits.hardware:
             raise ConfigError(
                 "",
@@ -423,6 +460,30 @@ class Profile(FrozenModel):
                 f"them (deepinfer-sim derive-profile) or calibrate on a {hw}",
             )
         return fits.hardware[hw]
+
+    def _combined(self, spec: ModelSpec, hw: str) -> HardwareCoefs | None:
+        """The block fits of an entry at ``spec``'s layer widths with the routed-expert fits of
+        an entry at its expert width (both on ``hw``), or None."""
+        names = self.combined_entries(spec, hw)
+        if names is None:
+            return None
+        blocks, experts = (self.models[n].hardware[hw] for n in names)
+        return blocks.model_copy(update={"moe": experts.moe, "moe_experts": experts.moe_experts})
+
+    def combined_entries(self, spec: ModelSpec, hw: str) -> tuple[str, str] | None:
+        """(the entry whose block fits, the entry whose routed-expert fits) cover ``spec`` on
+        ``hw`` when no one entry does, or None."""
+        want = Widths.of(spec)
+        blocks = experts = None
+        for name, fits in self.models.items():
+            w = _widths(name, fits)
+            if w is None or hw not in fits.hardware:
+                continue
+            if blocks is None and w.of_layers() == want.of_layers() and fits.hardware[hw].decode:
+                blocks = name
+            if experts is None and w.of_experts() == want.of_experts():
+                experts = name
+        return None if blocks is None or experts is None else (blocks, experts)
 
     def for_hardware(self, hw: str) -> HardwareCoefs:
         """The coefficients on ``hw`` of a profile with fits for ONE model (version 1 callers;
@@ -441,6 +502,11 @@ class Profile(FrozenModel):
                 f"(it covers {', '.join(sorted(fits.hardware))})",
             )
         return fits.hardware[hw]
+
+
+def _has_blocks(fits: ModelFits) -> bool:
+    """Whether an entry holds attention-block fits (not only routed experts')."""
+    return any(c.decode for c in fits.hardware.values())
 
 
 def _widths(name: str, fits: ModelFits) -> Widths | None:

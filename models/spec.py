@@ -24,12 +24,13 @@ DTYPE_BYTES: dict[str, float] = {
     "bf16": 2.0,
     "fp16": 2.0,
     "fp8": 1.0,
+    "int8": 1.0,
     "mxfp8": 1.0 + 1.0 / 32,
     "fp4": 0.5,
     "mxfp4": 0.5 + 1.0 / 32,
     "nvfp4": 0.5 + 1.0 / 16,
 }
-Dtype = Literal["fp32", "bf16", "fp16", "fp8", "mxfp8", "fp4", "mxfp4", "nvfp4"]
+Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "mxfp8", "fp4", "mxfp4", "nvfp4"]
 AttentionKind = Literal["swa", "csa", "hca", "mla"]
 
 
@@ -248,7 +249,9 @@ class ModelSpec(FrozenModel):
         moe_slice = {
             **moe.model_dump(),
             "expert_width": gemm_width(moe.expert_width, "the routed expert width", moe_tp),
-            "shared_expert_width": gemm_width(shared, "the shared expert width", tp),
+            "shared_expert_width": gemm_width(shared, "the shared expert width", tp)
+            if tp > 1
+            else shared,  # stated: the routed width no longer says it
             "dense_ffn_width": gemm_width(moe.dense_ffn_width, "the dense FFN width", tp),
         }
         suffix = f"@tp{tp}" + (f"-moetp{moe_tp}" if moe_tp > 1 else "")

@@ -46,7 +46,9 @@ from ...sim.policies.speculative import offline_policy
 
 __all__ = [
     "SteadyPoint",
+    "chunked_prompt_point",
     "decode_at_user_speed",
+    "decode_curve",
     "decode_point",
     "default_accept",
     "default_verify",
@@ -340,3 +342,73 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
         tokens_per_s_per_node=tokens_per_gpu / bd.step_s * hw.gpus_per_node,
         tp=tp,
     )
+
+
+def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
+    """Every DP rank of one prefill instance computes one ``prompt``-token prompt in chunks of
+    at most ``chunk`` tokens, each after the ones before it as its prefix (chunked prefill of a
+    long prompt, as engines do under a per-step token budget). Throughput = the prompts' tokens
+    over the sum of the steps; ``step_s`` is their mean, ``breakdown`` the last (longest) one's."""
+    if prompt < 1 or chunk < 1:
+        raise UserError(f"prompt and chunk must be ≥ 1 token, got {prompt} and {chunk}")
+    cost, model, hw, name = _pool_cost(sc, "prefill")
+    check_prefill_fits(sc, model, hw)
+    ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
+    imbalance = sc.policies.expert_imbalance.prefill
+    total, done, steps = 0.0, 0, 0
+    bd: StepBreakdown | None = None
+    while done < prompt:
+        n = min(chunk, prompt - done)
+        bd = cost.prefill_breakdown([[(n, done)]] * dp, imbalance)
+        total += bd.step_s
+        done += n
+        steps += 1
+    assert bd is not None
+    per_gpu = dp * prompt / total / ep
+    return SteadyPoint(
+        pool="prefill",
+        cost_model=name,
+        hardware=hw.name,
+        ep=ep,
+        gpus_per_node=hw.gpus_per_node,
+        step_s=total / steps,
+        breakdown=bd.as_dict(),
+        imbalance=imbalance,
+        tokens_per_gpu=max(1, chunk // tp),
+        prompt=prompt,
+        prefix=0,
+        tokens_per_s_per_gpu=per_gpu,
+        tokens_per_s_per_user=prompt / total,
+        tokens_per_s_per_node=per_gpu * hw.gpus_per_node,
+        tp=tp,
+    )
+
+
+def decode_curve(
+    sc: Scenario, context: int, verify: float | None = None, accept: float | None = None
+) -> list[SteadyPoint]:
+    """The throughput/interactivity curve of the decode pool: one steady point per batch, from
+    one sequence per data-parallel rank (the fastest a user is served) up to the most a rank
+    holds — ``max_seqs_per_rank`` or, first, its KV capacity at ``context`` tokens — in steps of
+    about 2^(1/2). Each point has its throughput per GPU and per user."""
+    parts = _pool_cost(sc, "decode")
+    v, a = _decode_inputs(sc, parts[1], context, verify, accept)
+    cost, model, hw, _ = parts
+    tp = cost.shape.tp
+    seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
+    capacity = decode_kv_capacity_tokens(sc, model, hw)
+    top = int(min(sc.pools.decode.max_seqs_per_rank, capacity // (context + seq_overhead)))
+    if top < 1:
+        raise UserError(
+            f"not one sequence of {context:,} tokens fits a decode rank's KV capacity "
+            f"({capacity:,.0f} tokens)"
+        )
+    sizes: list[int] = []
+    k = 1.0
+    while int(k) <= top:
+        if not sizes or int(k) != sizes[-1]:
+            sizes.append(int(k))
+        k *= math.sqrt(2.0)
+    if sizes[-1] != top:
+        sizes.append(top)
+    return [_decode(sc, parts, n / tp, context, v, a) for n in sizes]

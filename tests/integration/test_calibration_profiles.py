@@ -36,6 +36,13 @@ from deepinfer_sim.models.registry import load_model
 VALIDATION = Path(str(resources.files("deepinfer_sim.calibration"))) / "validation"
 FLASH = "deepseek-v4.1-flash"
 MEASURED_MODELS = {"deepseek-v4.1-flash", "deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro"}
+# one GPU's slice under tensor parallelism (calls 30-31) and the routed experts narrowed under
+# expert tensor parallelism (call 32), for V3 and V4.1-Flash
+SLICES = {
+    f"{model}@{width}"
+    for model in ("deepseek-v3", "deepseek-v4.1-flash")
+    for width in ("tp2", "tp4", "tp8", "tp1-moetp2", "tp1-moetp4", "tp1-moetp8")
+}
 # the shipped h200-deepseek of calls 5 and 6, which the replays of calls 4, 6 and 8 ran against
 CALLS_5_6 = str(VALIDATION / "h200-deepseek" / "shipped-calls5-6.yaml")
 
@@ -64,7 +71,7 @@ def test_profiles_ship_and_cover_their_hardware_and_models():
     for name, hardware in covers.items():
         prof = load_profile(name)
         assert prof.name == name and prof.hardware_names() == sorted(hardware)
-    assert set(load_profile("h200-deepseek").models) == MEASURED_MODELS
+    assert set(load_profile("h200-deepseek").models) == MEASURED_MODELS | SLICES
     assert list(load_profile("h200-reference").models) == [FLASH]
     assert load_profile("h200-deepseek").provenance.kernels == "deepseek"
     assert load_profile("h200-reference").provenance.kernels == "reference"
@@ -73,7 +80,7 @@ def test_profiles_ship_and_cover_their_hardware_and_models():
         assert prof.provenance.kind == "derived"
         assert "derived, not measured" in str(prof.provenance.method)
         assert prof.provenance.derived_from == "h200-deepseek"
-        assert set(prof.models) == MEASURED_MODELS
+        assert set(prof.models) == MEASURED_MODELS | SLICES
 
 
 def test_a_profile_refuses_a_model_it_has_no_fits_for():

@@ -81,9 +81,11 @@ def test_prefill_utilization_matches_offered_load(tiny, synthetic):
 
 
 def test_decode_only_load_sets_tpot_from_the_step_cost(tiny, synthetic):
-    """A single long request decodes alone: its TPOT is the one-sequence step time."""
+    """A single long request decodes alone: its TPOT is the one-sequence step time (with the
+    constant expert imbalance the step cost is asked for: a live draw moves how many experts
+    one token's step reaches)."""
     source = synthetic([0.0], 1000, 101)
-    sc = tiny(**{"policies.speculative.policy": "none"})  # one token per step
+    sc = tiny(**{"policies.speculative.policy": "none", "policies.eplb.imbalance": "constant"})
     result = simulate(sc, source=source)
     cl = build_cluster(sc, source)
     g = cl.decode[0]

@@ -108,7 +108,7 @@ def test_decode_steps_that_carry_prefill_chunks_are_longer():
     a = simulate(scenario(), source=alone)
     b, cl_b = run_capturing(scenario(), source=busy)
     first_a, first_b = a.requests.iloc[0], b.requests.iloc[0]
-    assert first_b["tpot_s"] > 1.5 * first_a["tpot_s"]
+    assert first_b["tpot_s"] > 1.3 * first_a["tpot_s"]
     assert first_b["itl_max_s"] > 3 * first_a["itl_max_s"]
     inst = instance(cl_b)
     dt = np.asarray(inst.step_dt)

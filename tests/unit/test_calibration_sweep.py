@@ -476,3 +476,29 @@ def test_a_tensor_parallel_slice_is_calibrated_merged_and_found_by_its_width(
     assert cost.tp_comm_s(4, "decode") > 0
     with pytest.raises(ConfigError, match=r"at tp2-moetp2 .* measured at tp1, tp2"):
         profile.coefs(load_model(f"{TOY}@tp2-moetp2"), "h200")
+
+
+def test_an_expert_tp_slice_gets_an_entry_of_its_own_and_joins_a_tp_slices_blocks(
+    calibrated, tmp_path
+):
+    """``moe_split measure`` of ``MODEL@tp1-moetp2`` times the routed experts at half their
+    width; ``merge`` gives it an entry with only those fits. A pool whose attention is one
+    entry's slice and whose experts are the other's (expert TP) is costed from both; without
+    the experts' entry it is refused."""
+    from deepinfer_sim.calibration import moe_split
+
+    measured = tmp_path / "moe.json"
+    args = ["measure", "--out", str(measured), "--device", "cpu", "--models", f"{TOY}@tp1-moetp2"]
+    args += ["--kernels", "reference", "--grid", "tiny", "--hardware", "h200"]
+    assert moe_split.main(args) == 0
+    out = tmp_path / "merged.yaml"
+    assert moe_split.main(["merge", str(measured), str(calibrated["path"]), str(out)]) == 0
+    prof = load_profile(str(out))
+    entry = prof.models["toy-v4@tp1-moetp2"]
+    assert entry.widths is not None and entry.widths.expert_width == 20
+    assert not entry.hardware["h200"].decode and "moe" in entry.fit
+    both = prof.coefs(load_model(f"{TOY}@tp1-moetp2"), "h200")
+    assert both.decode == prof.models["toy-v4"].hardware["h200"].decode
+    assert both.moe == entry.hardware["h200"].moe
+    with pytest.raises(ConfigError, match="tp1-moetp2"):
+        load_profile(str(calibrated["path"])).coefs(load_model(f"{TOY}@tp1-moetp2"), "h200")

@@ -101,6 +101,8 @@ def test_the_shipped_prefix_form_lowers_the_prefill_fits_off_grid_error():
     prof = load_profile("h200-deepseek")
     smooth = refit_kernels(prof, ("smooth",))
     for name, fits in prof.models.items():
+        if "@" in name:  # the whole models' claim (the slices: tests/unit/test_tensor_parallel.py)
+            continue
         for key, err in fits.fit.items():
             if not key.startswith("prefill."):
                 continue
@@ -137,6 +139,8 @@ def test_the_smooth_moe_form_on_the_shipped_raw_measurements():
     prof = load_profile("h200-deepseek")
     new_errs, old_errs = [], []
     for name, fits in prof.models.items():
+        if "@" in name:  # the whole models' claim; the slices' narrow experts fit worse
+            continue
         moe = fits.hardware["h200"].moe
         assert (moe.form, moe.tile) == ("exp", 1) and 1.3 < moe.k < 1.7, (name, moe)
         top_k = load_model(name).moe.top_k

@@ -329,3 +329,31 @@ def test_cost_case_bad_input(cli, config, args, message):
     res = cli(config, *args)
     assert res.exit_code == 2 and res.output.startswith("error:"), res.output
     assert message in res.output and "Traceback" not in res.output
+
+
+def test_curve_spans_batch_one_to_the_limit_and_names_the_fastest_user_speed(tmp_path):
+    """``cost --curve``: V3 FP8 on 8 H200 as one TP8 rank — tokens/s per user fall and per GPU
+    rise from one sequence to the rank's limit; the first point is the fastest a user gets."""
+    from deepinfer_sim.cli import main
+
+    out = tmp_path / "curve.json"
+    args = ["cost", "default", "--curve", "--context", "4096", "--json", str(out)]
+    args += ["--set", "model=deepseek-v3", "--set", "pools.decode.hardware=h200"]
+    args += ["--set", "pools.decode.ep=8", "--set", "pools.decode.tp=8"]
+    args += ["--set", "pools.decode.redundant_experts_per_gpu=0"]
+    args += ["--set", "pools.prefill.hardware=h200", "--set", "pools.prefill.ep=8"]
+    args += ["--set", "pools.prefill.redundant_experts_per_gpu=0"]
+    args += ["--set", "cost_model.decode=h200-deepseek", "--set", "cost_model.prefill=roofline"]
+    args += ["--set", "policies.speculative.policy=none"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    assert "fastest per user" in res.output and "error band: decode" in res.output
+    curve = json.loads(out.read_text())["curve"]
+    user = [p["tokens_per_s_per_user"] for p in curve]
+    gpu = [p["tokens_per_s_per_gpu"] for p in curve]
+    assert user == sorted(user, reverse=True) and gpu == sorted(gpu)
+    assert curve[0]["batch_per_gpu"] * curve[0]["tp"] == 1 and curve[0]["tp"] == 8
+    bad = CliRunner().invoke(
+        main, ["cost", "default", "--curve", "--context", "1000", "--batch", "4"]
+    )
+    assert bad.exit_code == 2 and "--curve runs every batch" in bad.output

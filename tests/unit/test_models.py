@@ -29,7 +29,15 @@ V3 = "deepseek-v3"
 
 # SPEC.md §3's four models, plus the 3-layer V4.1-Flash stack the engine core validates with and
 # V3 with NVIDIA's NVFP4 experts (a precision variant, tests/unit/test_precision.py).
-BUNDLED_MODELS = {V41, V4F, V4P, V3, "deepseek-v4.1-flash-mini", "deepseek-v3-nvfp4"}
+BUNDLED_MODELS = {
+    V41,
+    V4F,
+    V4P,
+    V3,
+    "deepseek-v4.1-flash-mini",
+    "deepseek-v3-nvfp4",
+    "deepseek-v3-int8",
+}
 # SPEC.md §4 lists these six; h100 and l40s are extra bundled datasheets.
 SPEC_HARDWARE = {"b200", "gb200", "h200", "h800", "ascend950dt", "ascend950pr"}
 

@@ -149,8 +149,8 @@ def test_an_unsupported_combination_is_refused_with_one_clear_error(tmp_path):
     msg = str(exc.value)
     for part in ("model m", "FP32 dense layers", "'h200-deepseek'", "FP32 GEMM rate", "roofline"):
         assert part in msg
-    with pytest.raises(ConfigError, match=r"'int8' is no dtype the simulator knows"):
-        dtype_rule(MEASURED.model_copy(update={"experts": "int8"}), v3_with(), h200)
+    with pytest.raises(ConfigError, match=r"'int4' is no dtype the simulator knows"):
+        dtype_rule(MEASURED.model_copy(update={"experts": "int4"}), v3_with(), h200)
 
     data = yaml.safe_load((bundled_dir("models") / f"{V3}.yaml").read_text())
     data["name"] = "v3-fp32-dense"
@@ -341,3 +341,17 @@ def test_plan_prints_one_line_per_pool_that_moves_its_fits():
     assert [x.split(":")[1].strip() for x in lines] == ["prefill", "decode"]
     assert all(x.startswith("precision: ") and "NVFP4 experts" in x for x in lines)
     assert precision_lines(on_profile(V3, "b200", "sm100-derived")) == []
+
+
+def test_int8_runs_at_the_hardwares_int8_rate_or_the_fp8_one():
+    """W8A8 INT8 (CloudMatrix-Infer's DeepSeek-R1 on Ascend 910C) is a dtype of its own: one byte
+    per weight, the hardware's INT8 tensor rate where the file states one (910C: twice its BF16
+    rate), else the FP8 rate; a profile measured in FP8 moves to it by the rate ratio alone."""
+    ascend, h200 = load_hardware("ascend910c"), load_hardware("h200")
+    assert ascend.flops("int8") == 2 * ascend.flops("bf16")
+    assert h200.flops("int8") == h200.flops("fp8")
+    rule = dtype_rule(MEASURED, load_model("deepseek-v3-int8").precision, ascend)
+    experts = next(c for c in rule.classes if c.what == "experts")
+    assert experts.bytes == 1.0 and experts.rate == pytest.approx(
+        ascend.flops("bf16") / ascend.flops("int8")
+    )

@@ -92,14 +92,15 @@ def test_one_rank_over_all_gpus_needs_no_all_to_all_and_shows_its_all_reduces() 
 
 def test_tensor_parallelism_buys_per_user_speed_at_small_batches() -> None:
     """At one sequence, eight GPUs of one rank read an eighth of the dense weights each: a
-    step far shorter than on one GPU of a DP-attention pool, which reads them all."""
+    step shorter than on one GPU of a DP-attention pool, which reads them all (both pay the
+    roofline's fixed cost per layer, which the corpus fit sets at 177 µs)."""
     one = np.array([1.0])
     ctx = np.array([4096.0])
     dp8 = roofline(V3, PoolShape(ep=8, redundant_experts_per_gpu=0))
     tp8 = roofline(V3, PoolShape(ep=8, redundant_experts_per_gpu=0, tp=8))
     t_dp = dp8.decode_step(np.array([1.0, 0, 0, 0, 0, 0, 0, 0]), np.array([4096.0] + [0] * 7), 1.0)
     t_tp = tp8.decode_step(one, ctx, 1.0)
-    assert t_tp < 0.75 * t_dp
+    assert t_tp < 0.9 * t_dp
 
 
 def test_the_prefill_quadratic_is_fitted_over_data_parallel_ranks() -> None:
