@@ -313,7 +313,7 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
     if prompt < 1:
         raise UserError(f"prompt must be ≥ 1 token, got {prompt}")
     cost, model, hw, name = _pool_cost(sc, "prefill")
-    ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
+    dp, tp = cost.shape.dp, cost.shape.tp
     per_rank = tokens_per_gpu * tp
     if prompt > per_rank:
         raise UserError(
@@ -325,22 +325,41 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
     imbalance = sc.policies.expert_imbalance.prefill
     chunks = prefill_chunks(per_rank, prompt, cached)
     bd = cost.prefill_breakdown([chunks] * dp, imbalance)
+    rate = tokens_per_gpu / bd.step_s
+    return _prefill_steady(
+        (cost, model, hw, name), imbalance, bd, bd.step_s, tokens_per_gpu, rate, prompt, cached
+    )
+
+
+def _prefill_steady(
+    parts: tuple[StepCost, ModelSpec, HardwareSpec, str],
+    imbalance: float,
+    bd: StepBreakdown,
+    prompt_s: float,
+    tokens_per_gpu: int,
+    rate_per_gpu: float,
+    prompt: int,
+    prefix: int,
+) -> SteadyPoint:
+    """A prefill point: ``bd`` the step shown, a prompt computed in ``prompt_s``, prompt tokens
+    at ``rate_per_gpu`` per second per GPU (``tokens_per_gpu`` per step)."""
+    cost, _, hw, name = parts
     return SteadyPoint(
         pool="prefill",
         cost_model=name,
         hardware=hw.name,
-        ep=ep,
+        ep=cost.shape.ep,
         gpus_per_node=hw.gpus_per_node,
         step_s=bd.step_s,
         breakdown=bd.as_dict(),
         imbalance=imbalance,
         tokens_per_gpu=tokens_per_gpu,
         prompt=prompt,
-        prefix=cached,
-        tokens_per_s_per_gpu=tokens_per_gpu / bd.step_s,
-        tokens_per_s_per_user=prompt / bd.step_s,
-        tokens_per_s_per_node=tokens_per_gpu / bd.step_s * hw.gpus_per_node,
-        tp=tp,
+        prefix=prefix,
+        tokens_per_s_per_gpu=rate_per_gpu,
+        tokens_per_s_per_user=prompt / prompt_s,
+        tokens_per_s_per_node=rate_per_gpu * hw.gpus_per_node,
+        tp=cost.shape.tp,
     )
 
 
@@ -348,7 +367,7 @@ def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
     """Every DP rank of one prefill instance computes one ``prompt``-token prompt in chunks of
     at most ``chunk`` tokens, each after the ones before it as its prefix (chunked prefill of a
     long prompt, as engines do under a per-step token budget). Throughput = the prompts' tokens
-    over the sum of the steps; ``step_s`` is their mean, ``breakdown`` the last (longest) one's."""
+    over the sum of the steps; ``step_s`` and ``breakdown`` are the last (longest) step's."""
     if prompt < 1 or chunk < 1:
         raise UserError(f"prompt and chunk must be ≥ 1 token, got {prompt} and {chunk}")
     cost, model, hw, name = _pool_cost(sc, "prefill")
@@ -364,23 +383,11 @@ def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
         done += n
         steps += 1
     assert bd is not None
-    per_gpu = dp * prompt / total / ep
-    return SteadyPoint(
-        pool="prefill",
-        cost_model=name,
-        hardware=hw.name,
-        ep=ep,
-        gpus_per_node=hw.gpus_per_node,
-        step_s=total / steps,
-        breakdown=bd.as_dict(),
-        imbalance=imbalance,
-        tokens_per_gpu=max(1, chunk // tp),
-        prompt=prompt,
-        prefix=0,
-        tokens_per_s_per_gpu=per_gpu,
-        tokens_per_s_per_user=prompt / total,
-        tokens_per_s_per_node=per_gpu * hw.gpus_per_node,
-        tp=tp,
+    rate = dp * prompt / total / ep
+    # the breakdown shown is the last (longest) step's; step_s, as every prefill point's, is
+    # the step shown
+    return _prefill_steady(
+        (cost, model, hw, name), imbalance, bd, total, max(1, chunk // tp), rate, prompt, 0
     )
 
 
