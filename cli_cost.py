@@ -423,6 +423,14 @@ def _check_speculative(
         )
 
 
+_LIMIT_NOTES = {
+    "speed": "the speed binds: one more sequence per rank would be slower than asked",
+    "kv": "the KV cache binds: one more sequence per rank would not fit its HBM",
+    "max_seqs_per_rank": "pools.decode.max_seqs_per_rank ({cap}) binds: a larger batch is not allowed",
+    "max_batch": "the search stopped at --max-batch {max_batch}",
+}
+
+
 def _decode_notes(sc: Scenario, p: SteadyPoint, max_batch: int) -> list[str]:
     notes = []
     if p.meets_speed is False:
@@ -430,8 +438,12 @@ def _decode_notes(sc: Scenario, p: SteadyPoint, max_batch: int) -> list[str]:
             f"even 1 sequence per GPU gives only {p.tokens_per_s_per_user:,.1f} tok/s per user "
             f"(< {p.user_tok_s:g})"
         )
-    elif p.meets_speed and p.batch_per_gpu == max_batch:
-        notes.append(f"the search stopped at --max-batch {max_batch}")
+    elif p.meets_speed:
+        notes.append(
+            _LIMIT_NOTES[p.batch_limit or "speed"].format(
+                max_batch=max_batch, cap=sc.pools.decode.max_seqs_per_rank
+            )
+        )
     if p.kv_fits is False:
         notes.append(
             f"KV does not fit: {p.kv_tokens_per_gpu:,.0f} tokens per GPU needed, "

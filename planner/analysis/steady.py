@@ -92,6 +92,9 @@ class SteadyPoint:
     # decode_at_user_speed only
     user_tok_s: float | None = None  # the speed asked for
     meets_speed: bool | None = None
+    # what stopped the batch from growing: "speed" (a larger one is slower than asked), "kv"
+    # (the rank's KV capacity), "max_seqs_per_rank" or "max_batch" (the search's own cap)
+    batch_limit: str | None = None
     tp: int = 1  # a data-parallel rank's GPUs (its sequences: batch_per_gpu × tp)
 
     @property
@@ -250,6 +253,24 @@ def decode_point(
     return _decode(sc, parts, batch_per_gpu, context, v, a)
 
 
+def _rank_capacity(
+    sc: Scenario, parts: tuple[StepCost, ModelSpec, HardwareSpec, str], context: int
+) -> tuple[int, str]:
+    """The most sequences of ``context`` tokens one decode rank holds and the bound that sets it:
+    ``"kv"`` (its KV capacity) or ``"max_seqs_per_rank"``. Refused when not one fits."""
+    _, model, hw, _ = parts
+    seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
+    capacity = decode_kv_capacity_tokens(sc, model, hw)
+    by_kv = int(capacity // (context + seq_overhead))
+    if by_kv < 1:
+        raise UserError(
+            f"not one sequence of {context:,} tokens fits a decode rank's KV capacity "
+            f"({capacity:,.0f} tokens)"
+        )
+    cap = sc.pools.decode.max_seqs_per_rank
+    return (by_kv, "kv") if by_kv < cap else (cap, "max_seqs_per_rank")
+
+
 def decode_at_user_speed(
     sc: Scenario,
     context: int,
@@ -258,31 +279,37 @@ def decode_at_user_speed(
     accept: float | None = None,
     max_batch: int = 1024,
 ) -> SteadyPoint:
-    """The largest whole batch per rank (1 … ``max_batch`` per GPU: a tensor-parallel rank of
-    tp GPUs holds up to tp·max_batch) at which each user still gets ``user_tok_s`` tokens per
-    second, by bisection (per-user speed falls as the batch grows). If even one sequence per
-    rank is slower, that point comes back with ``meets_speed=False``. Neither HBM nor
-    ``max_seqs_per_rank`` bounds the search; the point reports its KV use."""
+    """The largest whole batch per rank at which each user still gets ``user_tok_s`` tokens per
+    second, by bisection (per-user speed falls as the batch grows), never beyond what a rank
+    holds: its KV capacity at ``context`` tokens, ``max_seqs_per_rank``, and ``max_batch`` per
+    GPU (a tensor-parallel rank of tp GPUs: tp·max_batch). ``batch_limit`` names the bound that
+    stopped it. If even one sequence per rank is slower, that point comes back with
+    ``meets_speed=False``."""
     _positive("user_tok_s", user_tok_s)
     if max_batch < 1:
         raise UserError(f"max_batch must be ≥ 1, got {max_batch}")
     parts = _pool_cost(sc, "decode")
     v, a = _decode_inputs(sc, parts[1], context, verify, accept)
     tp = parts[0].shape.tp
+    rank_top, rank_limit = _rank_capacity(sc, parts, context)
+    top, limit = (
+        (rank_top, rank_limit) if rank_top <= max_batch * tp else (max_batch * tp, "max_batch")
+    )
 
     def at(per_rank: int) -> SteadyPoint:
         return _decode(sc, parts, per_rank / tp, context, v, a)
 
     lo = at(1)
     if lo.tokens_per_s_per_user < user_tok_s:
-        best, meets = lo, False
+        best, meets, limit = lo, False, "speed"
     else:
         best, meets = lo, True
-        hi = at(max_batch * tp)
+        hi = at(top)
         if hi.tokens_per_s_per_user >= user_tok_s:
             best = hi
         else:  # invariant: batch lo_b meets the speed, hi_b does not
-            lo_b, hi_b = 1, max_batch * tp
+            limit = "speed"
+            lo_b, hi_b = 1, top
             while hi_b - lo_b > 1:
                 mid = (lo_b + hi_b) // 2
                 p = at(mid)
@@ -290,7 +317,7 @@ def decode_at_user_speed(
                     lo_b, best = mid, p
                 else:
                     hi_b = mid
-    return replace(best, user_tok_s=float(user_tok_s), meets_speed=meets)
+    return replace(best, user_tok_s=float(user_tok_s), meets_speed=meets, batch_limit=limit)
 
 
 def prefill_chunks(tokens_per_gpu: int, prompt: int, cached: int = 0) -> list[Chunk]:
@@ -400,16 +427,8 @@ def decode_curve(
     about 2^(1/2). Each point has its throughput per GPU and per user."""
     parts = _pool_cost(sc, "decode")
     v, a = _decode_inputs(sc, parts[1], context, verify, accept)
-    cost, model, hw, _ = parts
-    tp = cost.shape.tp
-    seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
-    capacity = decode_kv_capacity_tokens(sc, model, hw)
-    top = int(min(sc.pools.decode.max_seqs_per_rank, capacity // (context + seq_overhead)))
-    if top < 1:
-        raise UserError(
-            f"not one sequence of {context:,} tokens fits a decode rank's KV capacity "
-            f"({capacity:,.0f} tokens)"
-        )
+    tp = parts[0].shape.tp
+    top, _ = _rank_capacity(sc, parts, context)
     sizes: list[int] = []
     k = 1.0
     while int(k) <= top:

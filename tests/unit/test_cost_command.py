@@ -98,8 +98,45 @@ def test_user_speed_search_returns_the_largest_batch_that_meets_it(sc):
 def test_user_speed_search_edges(sc):
     too_fast = decode_at_user_speed(sc, 8192, 1e9)
     assert (too_fast.batch_per_gpu, too_fast.meets_speed) == (1.0, False)
+    assert too_fast.batch_limit == "speed"
     slow = decode_at_user_speed(sc, 8192, 1e-3, max_batch=50)
-    assert (slow.batch_per_gpu, slow.meets_speed) == (50.0, True)
+    assert (slow.batch_per_gpu, slow.meets_speed, slow.batch_limit) == (50.0, True, "max_batch")
+
+
+V3_ON_H200 = [
+    "model=deepseek-v3",
+    "pools.prefill.hardware=h200",
+    "pools.decode.hardware=h200",
+    "pools.decode.ep=16",
+    "policies.speculative.policy=none",
+    "cost_model.decode=h200-deepseek",
+    "cost_model.prefill=h200-deepseek",
+]
+
+
+def test_user_speed_never_returns_a_batch_whose_kv_does_not_fit():
+    """Issue 31 (a): V3 on 16 H200s at 10 tok/s per user and 4,500 tokens of context was given
+    361 sequences per GPU whose KV did not fit; the search now stops at the KV capacity and says
+    so, and the next sequence would not fit."""
+    sc = load_scenario("default", [*V3_ON_H200, "pools.decode.max_seqs_per_rank=1024"])
+    p = decode_at_user_speed(sc, 4500, 10)
+    assert p.kv_fits is True and p.batch_limit == "kv" and p.meets_speed is True
+    assert p.batch_per_gpu is not None and p.kv_capacity_tokens_per_gpu is not None
+    assert decode_point(sc, p.batch_per_gpu + 1, 4500).kv_tokens_per_gpu > (
+        p.kv_capacity_tokens_per_gpu
+    )
+    assert p.tokens_per_s_per_user >= 10
+
+
+def test_user_speed_never_exceeds_max_seqs_per_rank():
+    sc = load_scenario("default", [*V3_ON_H200, "pools.decode.max_seqs_per_rank=64"])
+    p = decode_at_user_speed(sc, 450, 5)
+    assert (p.batch_per_gpu, p.batch_limit, p.kv_fits) == (64.0, "max_seqs_per_rank", True)
+    tp2 = load_scenario(
+        "default", [*V3_ON_H200, "pools.decode.max_seqs_per_rank=64", "pools.decode.tp=2"]
+    )
+    q = decode_at_user_speed(tp2, 450, 5)  # a TP2 rank's 64 sequences are 32 per GPU
+    assert (q.batch_per_gpu, q.batch_limit) == (32.0, "max_seqs_per_rank")
 
 
 def test_prefill_point_on_the_default_scenario(sc):
