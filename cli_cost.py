@@ -374,8 +374,9 @@ def _cost_case(
     case_pool = "decode" if case.quantity.startswith("decode") else "prefill"
     if pool is not None and pool != case_pool:
         raise UserError(f"--pool {pool}: case {case.name!r} is a {case_pool} case")
-    # both pools, as validate does: the case's scenario names one cost model for the two
-    sc = load_scenario(path, _overrides(overrides, cost_model, ("prefill", "decode")))
+    # the case's own overrides, then both pools on one cost model as validate does (the case's
+    # scenario names one for the two), then the command line's
+    sc = load_scenario(path, [*case.set, *_overrides(overrides, cost_model, ("prefill", "decode"))])
     value, point = published.case_point(case, sc)
     res = published.result(cf, case, point.cost_model, value, point.step_s)
     _print_point(point, _case_notes(res))

@@ -303,21 +303,23 @@ def test_a_prefix_costs_attention_not_throughput_accounting(sc):
 
 
 @pytest.mark.parametrize(
-    ("case", "pool"),
+    ("file", "case", "pool"),
     [
-        ("1", "prefill"),
-        ("2", "prefill"),
-        ("5", "decode"),
-        ("decode, batch 256 per GPU, 2K context, EP72", "decode"),
+        ("sglang-v3-h100-96gpu", "1", "prefill"),
+        ("sglang-v3-h100-96gpu", "2", "prefill"),
+        ("sglang-v3-h100-96gpu", "5", "decode"),
+        ("sglang-v3-h100-96gpu", "decode, batch 256 per GPU, 2K context, EP72", "decode"),
+        # a case with its own `set` (DP attention: pools.prefill.tp=1), once ignored by --case
+        ("gpustack-r1-h200", "2", "prefill"),
     ],
 )
-def test_cost_case_is_the_validate_case(cli, tmp_path, case, pool):
+def test_cost_case_is_the_validate_case(cli, tmp_path, file, case, pool):
     """--case costs a published case at its point: the same number `validate` reports (and
     the same step), with the case's pool, published figure and ratio in the JSON."""
     from deepinfer_sim.planner.analysis.published import run_cases
 
     out = tmp_path / "case.json"
-    res = cli("sglang-v3-h100-96gpu", "--case", case, "--json", str(out))
+    res = cli(file, "--case", case, "--json", str(out))
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["pool"] == pool and "ratio" in res.output
