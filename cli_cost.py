@@ -427,7 +427,9 @@ def _check_speculative(
 _LIMIT_NOTES = {
     "speed": "the speed binds: one more sequence per rank would be slower than asked",
     "kv": "the KV cache binds: one more sequence per rank would not fit its HBM",
-    "max_seqs_per_rank": "pools.decode.max_seqs_per_rank ({cap}) binds: a larger batch is not allowed",
+    "max_seqs_per_rank": (
+        "pools.decode.max_seqs_per_rank ({cap}) binds: a larger batch is not allowed"
+    ),
     "max_batch": "the search stopped at --max-batch {max_batch}",
 }
 
