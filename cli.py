@@ -581,6 +581,7 @@ def _duration_label(seconds: float) -> str:
 
 def _register() -> None:
     from .cli_calibrate import calibrate, derive_profile, merge_profiles
+    from .cli_compare_api import compare_api
     from .cli_cost import cost
     from .cli_plan import report, sweep_grid
     from .cli_timeline import timeline
@@ -590,6 +591,7 @@ def _register() -> None:
     for command in (calibrate, derive_profile, merge_profiles):
         main.add_command(command)
     main.add_command(cost)
+    main.add_command(compare_api)
     main.add_command(validate)
     main.add_command(trace)
     main.add_command(report)

@@ -790,6 +790,58 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
+class ApiPrices(FrozenModel):
+    """What calling the model through its provider's API bills (``deepinfer-sim compare-api``):
+    USD per million tokens at peak hours, input tokens the API's context cache served apart
+    from those it missed; off-peak hours bill ``off_peak_factor`` of each price.
+
+    Defaults: DeepSeek's list prices for ``deepseek-flash`` (DeepSeek-V4.1-Flash) on its
+    Models & Pricing page (api-docs.deepseek.com/quick_start/pricing, as listed in November
+    2026, unchanged since V4.1-Flash's release on 2026-09-10): peak $0.006 per million input
+    tokens that hit the cache, $0.30 per million that miss it, $1.20 per million output tokens;
+    off-peak half of each; peak hours 01:00-04:00 and 06:00-10:00 UTC, Monday to Friday."""
+
+    input_per_mtok_usd: float = Field(
+        0.30, ge=0, description="input tokens that missed the API's context cache, at peak"
+    )
+    input_cache_hit_per_mtok_usd: float = Field(
+        0.006, ge=0, description="input tokens the API's context cache served, at peak"
+    )
+    output_per_mtok_usd: float = Field(1.20, ge=0, description="output tokens, at peak")
+    off_peak_factor: float = Field(
+        0.5, gt=0, le=1, description="an off-peak price over its peak price (DeepSeek: half)"
+    )
+    peak_hours_utc: tuple[int, ...] = Field(
+        (1, 2, 3, 6, 7, 8, 9),
+        max_length=24,
+        description="hours (UTC, 0-23) billed at the peak prices on peak days; every other "
+        "hour off-peak",
+    )
+    peak_days_per_week: int = Field(
+        5, ge=0, le=7, description="days a week with peak hours (DeepSeek: Monday to Friday)"
+    )
+    cache_ttl_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_HORIZON_S,
+        description="how long the API's cache keeps an unused prefix (None: as pools.storage's "
+        "per-class TTLs, which default to DeepSeek's own: agent 3 days, chatbot 7 days)",
+    )
+
+    @model_validator(mode="after")
+    def _sane(self) -> ApiPrices:
+        if self.input_cache_hit_per_mtok_usd > self.input_per_mtok_usd:
+            raise ValueError(
+                f"input_cache_hit_per_mtok_usd ({self.input_cache_hit_per_mtok_usd:g}) must not "
+                f"exceed input_per_mtok_usd ({self.input_per_mtok_usd:g}): a cache hit is billed "
+                "at most what a miss is"
+            )
+        hours = self.peak_hours_utc
+        if any(not 0 <= h <= 23 for h in hours) or len(set(hours)) != len(hours):
+            raise ValueError(f"peak_hours_utc: {list(hours)}: expected distinct hours from 0 to 23")
+        return self
+
+
 class Prices(FrozenModel):
     gpu_hour_usd: dict[str, float] = Field(
         default_factory=lambda: {
@@ -811,6 +863,82 @@ class Prices(FrozenModel):
     )
     storage_node_hour_usd: float = Field(4.0, ge=0)
     revenue: Revenue = Revenue()
+    api: ApiPrices = ApiPrices()
+
+
+class CompareApi(FrozenModel):
+    """``deepinfer-sim compare-api``: self-hosting CONFIG's workload on its deployment's pool
+    shapes, resized hour by hour, against the API bill at ``prices.api``
+    (planner/analysis/api_compare.py). One prefill instance and one decode group serve what the
+    planner's steady model gives (planner/analysis/steady.py), or the figures set here, at
+    ``planner.headroom`` of it."""
+
+    min_prefill_instances: int = Field(
+        1, ge=0, le=MAX_INSTANCES, description="prefill instances kept in every hour"
+    )
+    min_decode_groups: int = Field(
+        1, ge=0, le=MAX_INSTANCES, description="decode groups kept in every hour"
+    )
+    spin_up_s: float = Field(
+        600.0,
+        ge=0,
+        le=DAY_S,
+        description="from starting an instance or group to serving (loading weights, warm-up; "
+        "an assumption): paid, and started this long before the hour that needs it",
+    )
+    prefill_tok_s_per_instance: float | None = Field(
+        None,
+        gt=0,
+        le=1e12,
+        description="new prompt tokens/s one prefill instance serves (None: the steady model "
+        "at the workload's mean prompt after its mean cached prefix; set it to a simulated "
+        "figure to use one)",
+    )
+    decode_tok_s_per_group: float | None = Field(
+        None,
+        gt=0,
+        le=1e12,
+        description="output tokens/s one decode group serves (None: the steady model's largest "
+        "batch giving each user the SLO's speed at the workload's mean context)",
+    )
+    ttl_variants_s: tuple[Annotated[float, Field(ge=0, le=MAX_HORIZON_S)], ...] = Field(
+        (0.0,),
+        max_length=3,
+        description="uniform KV-cache TTLs self-hosted beside the scenario's per-class ones "
+        "(0: no prefix cache and no storage nodes); at most 3, so the plot stays readable",
+    )
+    warmup_s: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_HORIZON_S,
+        description="arrivals before this warm the cache but are not counted (None: the longest "
+        "TTL compared, where the workload is at least a day longer than that; else none)",
+    )
+    clock_utc_offset_h: float = Field(
+        0.0,
+        ge=-12,
+        le=14,
+        description="the workload clock's hour 0 is midnight at UTC + this many hours (places "
+        "prices.api.peak_hours_utc on the workload's day)",
+    )
+    volume_range: tuple[
+        Annotated[float, Field(gt=0, le=1e7)], Annotated[float, Field(gt=0, le=1e7)]
+    ] = Field(
+        (0.01, 10_000.0),
+        description="daily token volumes compared, as multiples of the workload's own",
+    )
+    volume_points: int = Field(
+        241, ge=3, le=10_001, description="volumes compared, log-spaced over volume_range"
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> CompareApi:
+        lo, hi = self.volume_range
+        if not lo < hi:
+            raise ValueError(f"volume_range: [{lo:g}, {hi:g}]: the first must be below the second")
+        if len(set(self.ttl_variants_s)) != len(self.ttl_variants_s):
+            raise ValueError(f"ttl_variants_s: {list(self.ttl_variants_s)}: repeated TTL")
+        return self
 
 
 class CostModel(FrozenModel):
@@ -881,6 +1009,7 @@ class Scenario(FrozenModel):
     workload: Workload = Workload()
     slo: Slo = Slo()
     planner: Planner = Planner()
+    compare_api: CompareApi = CompareApi()
     prices: Prices = Prices()
     cost_model: CostModel = CostModel()
     sim: SimSettings = SimSettings()
