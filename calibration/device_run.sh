@@ -11,7 +11,9 @@
 # alone), table (kernel table), deepgemm (DeepGEMM's
 # masked grouped MoE GEMM against torch._scaled_grouped_mm), moesplit (every model's routed
 # experts timed whole and alone: calibration/moe_split.py; NO_KERNELS=1 skips the kernel build
-# it does not need), moeslices (the same for expert-TP slices, $MOE_SLICES), v41 / v3 / v4flash /
+# it does not need), moeslices (the same for expert-TP slices, $MOE_SLICES; each routed GEMM on
+# the faster of torch's and the Triton grouped GEMM), moeslicestorch (the same on torch's alone:
+# the old kernel's baseline on the same GPU), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), v41kernels (V4.1-Flash's kernel
 # fits alone: no engine steps, no vision), slices (kernel fits of one GPU's slice under tensor
 # parallelism, one calibrate per name in $SLICES, default V3 and V4.1-Flash at TP 2, 4, 8;
@@ -72,6 +74,7 @@ fi
 P="python3 -m deepinfer_sim"
 ALL_TRACES=mooncake_conversation,azure_conv
 CAL="$P.cli calibrate --device cuda --kernels deepseek --quick --name h200-deepseek"
+SLICE_MODELS=${MOE_SLICES:-deepseek-v3@tp1-moetp2,deepseek-v3@tp1-moetp4,deepseek-v3@tp1-moetp8,deepseek-v4.1-flash@tp1-moetp2,deepseek-v4.1-flash@tp1-moetp4,deepseek-v4.1-flash@tp1-moetp8}
 NOENG=; [ "${NO_ENGINE:-0}" = 1 ] && NOENG=--no-engine  # v3 / v4flash / v4pro: kernel fits only
 for stage in "$@"; do
   case $stage in
@@ -84,7 +87,9 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
     moesplit) run 540 moesplit $P.calibration.moe_split measure --out "$OUT/moe_split.json" ;;
     moeslices) run 540 moeslices $P.calibration.moe_split measure --out "$OUT/moe_slices.json" \
-        --models "${MOE_SLICES:-deepseek-v3@tp1-moetp2,deepseek-v3@tp1-moetp4,deepseek-v3@tp1-moetp8,deepseek-v4.1-flash@tp1-moetp2,deepseek-v4.1-flash@tp1-moetp4,deepseek-v4.1-flash@tp1-moetp8}" ;;
+        --models "$SLICE_MODELS" ;;
+    moeslicestorch) run 540 moeslicestorch env DEEPINFER_ROUTED_GEMM=torch \
+        $P.calibration.moe_split measure --out "$OUT/moe_slices_torch.json" --models "$SLICE_MODELS" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --engine-depth "${ENGINE_DEPTH:-1}" \
         --out "$OUT/v41.yaml" ;;
     v41kernels) run 330 v41kernels $CAL --model deepseek-v4.1-flash --no-engine --no-vision \

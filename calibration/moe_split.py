@@ -12,13 +12,19 @@ shapes, needing only the experts' kernels (no FlashMLA), and merges them into a 
         [--models deepseek-v4.1-flash,deepseek-v3,...] [--kernels deepseek] [--grid quick]
     python -m deepinfer_sim.calibration.moe_split merge FILE.json PROFILE.yaml OUT.yaml
         [--keep-whole]
+    python -m deepinfer_sim.calibration.moe_split rescale TARGET.json BASE.json NEW.json
+        --out OUT.json
 
 ``measure`` also lists the kernels of one decode-sized call of each (``torch.profiler``, on the
 GPU), so the share the exchange takes over shows by name. ``merge`` re-fits each measured
 model's ``moe`` and fits its ``moe_experts`` (``sweep.fit_routed``), replacing those fits, their
 errors and raw points on the profile's one hardware, and notes the file in the provenance;
 ``--keep-whole`` keeps the profile's ``moe`` (what its engine-core replays were checked with) and
-adds only ``moe_experts``. A measured model the profile does not hold — an expert-parallel slice,
+adds only ``moe_experts``. ``rescale`` carries a kernel change measured on another GPU to the
+profiled one: each TARGET time (the profiled GPU, old kernels) times NEW / BASE, both timed on one
+GPU in one call (new kernels, and the old ones again as the baseline), shape by shape.
+
+A measured model the profile does not hold — an expert-parallel slice,
 ``NAME@tp1-moetpM``, each routed expert narrowed M ways (expert tensor parallelism) — becomes an
 entry of its own with only those fits; a pool at that expert width takes them beside the block
 fits of another entry (``Profile.coefs``).
@@ -159,6 +165,31 @@ def merge(
     )
 
 
+def rescale(target: dict[str, Any], base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``target``'s measurements with every time multiplied by ``new`` / ``base`` at the same
+    (experts, tokens); all three ``measure`` outputs of the same models on the same grid."""
+    out = json.loads(json.dumps(target))
+    for name, res in out["models"].items():
+        try:
+            b_raw, n_raw = base["models"][name]["raw"], new["models"][name]["raw"]
+        except KeyError:
+            raise UserError(f"{name}: measured in the target but not in both others") from None
+        for key in RAW_KEYS:
+            rows, b_rows, n_rows = res["raw"].get(key, []), b_raw.get(key, []), n_raw.get(key, [])
+            shapes = [r[:2] for r in rows]
+            if shapes != [r[:2] for r in b_rows] or shapes != [r[:2] for r in n_rows]:
+                raise UserError(f"{name}: {key}: the three files time different shapes")
+            res["raw"][key] = [
+                [*r[:2], r[2] * n[2] / b[2]] for r, b, n in zip(rows, b_rows, n_rows, strict=True)
+            ]
+        res["rescaled"] = {
+            "by": "new / base, shape by shape",
+            "device": new["models"][name].get("device"),
+            "kernel_versions": new["models"][name].get("kernel_versions"),
+        }
+    return out
+
+
 def _experts_entry(
     name: str, widths: dict[str, Any] | None, profile: Profile, source: str
 ) -> ModelFits:
@@ -176,6 +207,13 @@ def _experts_entry(
     (hw, coefs), *_ = whole.hardware.items()
     bare = HardwareCoefs(prefill={}, decode={}, moe=coefs.moe, a2a=coefs.a2a, graphed=coefs.graphed)
     return ModelFits(dtypes=whole.dtypes, widths=Widths.model_validate(widths), hardware={hw: bare})
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read ({exc})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,8 +235,17 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep the profile's moe fits (the whole call); add only the experts alone",
     )
+    rs = sub.add_parser("rescale")
+    rs.add_argument("target", type=Path)
+    rs.add_argument("base", type=Path)
+    rs.add_argument("new", type=Path)
+    rs.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     try:
+        if a.cmd == "rescale":
+            target, base, new = (_read(p) for p in (a.target, a.base, a.new))
+            a.out.write_text(json.dumps(rescale(target, base, new), indent=1) + "\n")
+            return 0
         if a.cmd == "measure":
             grid = Grid.named(a.grid)
             out: dict[str, Any] = {"grid": grid.name, "models": {}}
@@ -214,10 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                     total = sum(k["us"] for k in p[which])
                     print(f"{name} {which} E={p['experts']} T={p['tokens']}: {total:.1f} us")
             return 0
-        try:
-            measured = json.loads(a.measured.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{a.measured}: cannot read ({exc})") from None
+        measured = _read(a.measured)
         merged = merge(measured, load_profile(a.profile), str(a.measured), a.keep_whole)
         write_profile(merged, a.out)
         for name in measured.get("models", {}):

@@ -72,10 +72,22 @@ def versions() -> dict[str, str]:
         " (summed at both ends of the bucket)"
         for (g, n, k, rows), (b, p) in sorted(fp8.GROUPED_TIMINGS.items())
     )
+    from .moe import ROUTED_TIMINGS
+
+    routed = "; ".join(
+        f"E{e} N{n} K{k} <={rows} rows: torch {a * 1e6:.0f} / Triton {b * 1e6:.0f} us"
+        for (n, k, e, rows), (a, b) in sorted(ROUTED_TIMINGS.items())
+    )
     return {
         "flash_mla": fm,
         "attention": ", ".join(x for x in ran if "sparse" in x or "dense" in x) or "none yet",
-        "gemm": "torch._scaled_mm / torch._scaled_grouped_mm, row-wise FP8 (DeepGEMM not used)",
+        "gemm": "torch._scaled_mm / torch._scaled_grouped_mm, row-wise FP8 (DeepGEMM not used)"
+        + (
+            "; routed experts also on the project's Triton grouped GEMM where it timed faster"
+            if "triton_grouped_gemm" in ran
+            else ""
+        ),
+        "routed_gemm": routed or "no routed-expert GEMM timed",
         "grouped_projection": grouped or "none ran (the model has no grouped projection)",
         "quantization": ", ".join(x for x in ran if "quantize" in x) or "none yet",
         "indexer": "project Triton lightning indexer, bf16 keys",

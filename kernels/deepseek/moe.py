@@ -6,16 +6,30 @@ kernel over T rows, not T·k), FP8 rows and scales are gathered, and SwiGLU is f
 quantization that feeds the down projection — the data flow of DeepGEMM's grouped FP8 MoE, on
 ``torch._scaled_grouped_mm``. Where that has no kernel (the CPU) the same quantized numbers go
 through the reference's grouped bf16/float32 path ("emulated").
+
+Each grouped GEMM runs on ``torch._scaled_grouped_mm`` or the project's Triton grouped GEMM
+(``kernels/triton_grouped_gemm.py``), whichever was faster as a CUDA graph at both ends of its
+row bucket when the (GEMM, experts, bucket) was first seen (``ROUTED_TIMINGS``), as an engine
+picks its tuned MoE kernel per shape: torch's costs nearly as much for experts 256 columns wide as
+for 1,024 (device call 33, ``validation/h200-deepseek/call33/tp_kernels.json``), the Triton one
+about a quarter, so expert tensor parallelism is timed with the kernel class TP-MoE engines run.
 """
 
 from __future__ import annotations
 
+import os
+from functools import partial
 from typing import Any
 
 import torch
 
+from .._util import next_pow2
 from ..moe import MoEBlock
+from . import fp8
 from .fp8 import quantize_rows
+
+# (N, K, experts, rows bucket) -> (torch seconds, Triton seconds), summed at the bucket's ends
+ROUTED_TIMINGS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
 
 
 class DSMoEBlock(MoEBlock):
@@ -23,6 +37,10 @@ class DSMoEBlock(MoEBlock):
         self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor
     ) -> torch.Tensor:
         if self.path == "scaled_grouped_mm":
+            if self._triton_faster(aq, which):
+                fp8.used.add("triton_grouped_gemm")
+                return self._triton_gmm(aq, a_s, which, offs)
+            fp8.used.add("scaled_grouped_mm")
             return self._scaled_gmm(aq, a_s, which, offs)
         a = (aq.float() * a_s.unsqueeze(-1)).to(self.dtype)
         return self._gmm(a, which, offs, "grouped_mm" if self.path == "grouped_mm" else "loop")
@@ -41,3 +59,50 @@ class DSMoEBlock(MoEBlock):
         r = h.shape[0]
         gq, gs, _ = quantize_rows(h, silu=True)
         return self._grouped(gq[0, :r], gs[0, :r], 2, offs)
+
+    def _triton_gmm(
+        self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor
+    ) -> torch.Tensor:
+        from ..triton_grouped_gemm import grouped_fp8_gemm
+
+        wq = self._weights(which, quantized=True)
+        ws = self.w13_s if which == 13 else self.w2_s
+        return grouped_fp8_gemm(aq, a_s.reshape(-1), wq, ws, offs)
+
+    def _triton_faster(self, aq: torch.Tensor, which: int) -> bool:
+        """Is the Triton grouped GEMM faster than torch's for this GEMM at this many rows?
+        Timed once per row bucket; inside a graph capture an untimed bucket takes torch's, and
+        ``DEEPINFER_ROUTED_GEMM=torch`` takes torch's always (to time the old kernel as a
+        baseline on the same GPU)."""
+        if os.environ.get("DEEPINFER_ROUTED_GEMM") == "torch":  # calibration's baseline
+            return False
+        e, n, k = (int(d) for d in self._weights(which, quantized=True).shape)
+        key = (n, k, e, next_pow2(max(1, int(aq.shape[0]))))
+        if key not in ROUTED_TIMINGS:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            ROUTED_TIMINGS[key] = self._time_kernels(which, key[3], aq)
+        torch_s, triton_s = ROUTED_TIMINGS[key]
+        return triton_s < torch_s
+
+    def _time_kernels(self, which: int, bucket: int, like: torch.Tensor) -> tuple[float, float]:
+        """(torch, Triton) seconds as CUDA graphs, each summed over the bucket's two ends, the
+        rows spread evenly over the experts; Triton that fails to run counts as infinitely slow."""
+        e = self.shape.local_experts
+        torch_s = triton_s = 0.0
+        for m in sorted({bucket // 2 + 1, bucket}):
+            q = torch.zeros((m, like.shape[1]), device=like.device).to(like.dtype)
+            s = torch.ones(m, device=like.device)
+            ends = (torch.arange(1, e + 1, device=like.device) * m) // e
+            offs = ends.to(torch.int32)
+            torch_s += fp8._graphed_seconds(
+                partial(self._scaled_gmm, q, s, which, offs), like.device
+            )
+            try:
+                self._triton_gmm(q, s, which, offs)  # autotune outside the capture
+                triton_s += fp8._graphed_seconds(
+                    partial(self._triton_gmm, q, s, which, offs), like.device
+                )
+            except Exception:  # no Triton, or no kernel for this GPU: torch's
+                triton_s = float("inf")
+        return torch_s, triton_s

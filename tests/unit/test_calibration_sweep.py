@@ -433,6 +433,32 @@ def test_moe_split_measures_the_experts_alone_and_merges_them(calibrated, tmp_pa
     assert one.moe_s(300.0, "decode") == pytest.approx(one_whole.moe_s(300.0, "decode"))
 
 
+def test_moe_split_rescale_carries_a_kernel_change_timed_on_another_gpu(tmp_path):
+    """``rescale`` multiplies each time of the profiled GPU's file by new / base (the new and old
+    kernels timed on one other GPU) at the same (experts, tokens), notes where the ratio was
+    measured, and refuses files that time different shapes."""
+    from deepinfer_sim.calibration import moe_split
+
+    def measured(times: list[float], device: str) -> dict:
+        rows = [[4.0, 16.0, times[0]], [8.0, 64.0, times[1]]]
+        raw = {k: [list(r) for r in rows] for k in moe_split.RAW_KEYS}
+        return {"grid": "tiny", "models": {"m@tp1-moetp4": {"raw": raw, "device": device}}}
+
+    target, base = measured([2.0, 6.0], "H200"), measured([1.0, 3.0], "H100")
+    new = measured([0.5, 3.0], "H100")
+    paths = [tmp_path / f"{n}.json" for n in ("target", "base", "new")]
+    for path, data in zip(paths, (target, base, new), strict=True):
+        path.write_text(json.dumps(data))
+    out = tmp_path / "out.json"
+    assert moe_split.main(["rescale", *map(str, paths), "--out", str(out)]) == 0
+    res = json.loads(out.read_text())["models"]["m@tp1-moetp4"]
+    assert res["raw"]["moe_experts"] == [[4.0, 16.0, 1.0], [8.0, 64.0, 6.0]]
+    assert res["device"] == "H200" and res["rescaled"]["device"] == "H100"
+    new["models"]["m@tp1-moetp4"]["raw"]["moe"][1][1] = 128.0
+    with pytest.raises(UserError, match="moe: the three files time different shapes"):
+        moe_split.rescale(target, base, new)
+
+
 def test_moe_split_merge_names_a_bad_file(calibrated, tmp_path):
     from deepinfer_sim.calibration import moe_split
 

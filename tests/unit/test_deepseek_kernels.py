@@ -317,3 +317,73 @@ def test_sparse_kernels_run_a_slice_of_heads_padded_to_64(monkeypatch):
     assert seen == [(5, 64, 512)]
     assert out.shape == (5, 8, 512) and torch.equal(out, q * 2.0)
     assert [flashmla.kernel_heads(h) for h in (8, 16, 64, 65, 128)] == [64, 64, 64, 128, 128]
+
+
+def test_routed_experts_take_the_grouped_gemm_timed_faster_per_row_bucket(monkeypatch):
+    """On a GPU each routed-expert GEMM (gate/up, down) times torch._scaled_grouped_mm against
+    the Triton grouped GEMM once per (N, K, experts, rows to the next power of two), at both ends
+    of the bucket, and runs the faster; an untimed bucket inside a graph capture takes torch's,
+    and DEEPINFER_ROUTED_GEMM=torch always does. Both give the block's numbers."""
+    import torch
+
+    from deepinfer_sim.kernels.backend import get_backend
+    from deepinfer_sim.kernels.deepseek import moe as ds_moe
+
+    block = get_backend("deepseek").moe_block(LayerShape.toy(top_k=2), torch.device("cpu"), True)
+    x = torch.randn(20, block.shape.hidden)
+    ids, _ = block.route(x)
+    rows, offs = block.prepare_experts(x, ids)
+    want = block.forward_experts(rows, offs)  # the CPU's emulated path
+
+    def emulated(aq, a_s, which, o):  # what both GPU kernels compute
+        a = (aq.float() * a_s.reshape(-1, 1)).to(block.dtype)
+        return block._gmm(a, which, o, "loop")
+
+    calls: list[str] = []  # the kernels run, timing runs left out
+    timing: list[str] = []
+
+    def kernel(name):
+        def run(*a):
+            (timing if timing and timing[-1] == "?" else calls).append(name)
+            return emulated(*a)
+
+        return run
+
+    monkeypatch.setattr(block, "path", "scaled_grouped_mm")
+    monkeypatch.setattr(block, "_scaled_gmm", kernel("torch"))
+    monkeypatch.setattr(block, "_triton_gmm", kernel("triton"))
+    seconds = {"torch": 2.0, "triton": 1.0}
+    rows_timed: list[int] = []
+
+    def fake_seconds(fn, device, repeats=5):
+        timing.append("?")
+        out = fn()
+        rows_timed.append(int(out.shape[0]))
+        name, _ = timing.pop(), timing.pop()
+        return seconds[name]
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(ds_moe, "ROUTED_TIMINGS", {})
+    monkeypatch.setattr(ds_moe.fp8, "_graphed_seconds", fake_seconds)
+    monkeypatch.delenv("DEEPINFER_ROUTED_GEMM", raising=False)
+    torch.testing.assert_close(block.forward_experts(rows, offs), want)
+    e, f, d = block.shape.local_experts, block.shape.expert_width, block.shape.hidden
+    assert set(ds_moe.ROUTED_TIMINGS) == {(2 * f, d, e, 64), (d, f, e, 64)}  # 40 rows: bucket 64
+    assert set(ds_moe.ROUTED_TIMINGS.values()) == {(4.0, 2.0)}  # 33 and 64 rows, summed
+    assert sorted(set(rows_timed)) == [33, 64]
+    assert calls == ["triton"] * 6  # per GEMM: autotune at 33 and 64 rows untimed, then the run
+    seconds["triton"] = 3.0  # a new bucket: torch's is faster there
+    few_rows, few_offs = block.prepare_experts(x[:3], ids[:3])
+    calls.clear()
+    block.forward_experts(few_rows, few_offs)
+    assert calls == ["triton", "triton", "torch"] * 2 and len(ds_moe.ROUTED_TIMINGS) == 4
+    monkeypatch.setenv("DEEPINFER_ROUTED_GEMM", "torch")
+    calls.clear()
+    torch.testing.assert_close(block.forward_experts(rows, offs), want)
+    assert calls == ["torch", "torch"]
+    monkeypatch.delenv("DEEPINFER_ROUTED_GEMM")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    many_rows, many_offs = block.prepare_experts(torch.cat([x] * 4), torch.cat([ids] * 4))
+    calls.clear()
+    block.forward_experts(many_rows, many_offs)  # 160 rows: bucket 256, untimed, in a capture
+    assert calls == ["torch", "torch"] and len(ds_moe.ROUTED_TIMINGS) == 4

@@ -55,8 +55,13 @@ def test_cases_within_tolerance_as_measured(results) -> None:
     """What docs/validation.md reports (2026-12-03, after the corpus fit): the profiles predict
     SGLang's 96-GPU prefill, speed-up and decode, DeepSeek's production prefill and decode and
     its profiled prefill, RTP-LLM's decode, CloudMatrix384's prefill and large-batch decode and
-    TP8 decode on the H200 (dstack, TRT-LLM's batch 1) within tolerance. A change that moves one
-    of these outside is a regression to look at, not a number to re-tune."""
+    TP8 decode on the H200 (GPUStack, TRT-LLM's batch 1) within tolerance. A change that moves one
+    of these outside is a regression to look at, not a number to re-tune.
+
+    dstack and GPUStack publish vLLM TP8 TPOTs of R1 on the H200 at concurrency 4 33 % apart
+    (25.7 and 19.4 ms): no model holds both within ±15 %. Until call 34 the prediction sat
+    within dstack's; with the expert-TP slices on the faster routed GEMM (the Triton kernel
+    class vLLM runs) it sits within GPUStack's. What must hold is that it lies between them."""
     within = {(r.file, r.name) for r in results if r.within and r.family == "profile"}
     sglang, profile, production = (
         "sglang-v3-h100-96gpu",
@@ -72,11 +77,18 @@ def test_cases_within_tolerance_as_measured(results) -> None:
         (production, "decode at 20-22 tok/s per user, 4,989 context, EP144, MTP"),
         ("rtp-llm-v3-h800", "decode at 20 tok/s per user, 5,000 context, EP144, MTP"),
         ("cloudmatrix384-r1-910c", "decode, batch 96 per NPU, TPOT 49.4 ms"),
-        ("dstack-r1-h200", "vLLM TP8 decode TPOT at concurrency 4, 3,200 / 800 tokens"),
+        ("gpustack-r1-h200", "vLLM TP8 decode TPOT at concurrency 4, ShareGPT"),
     ]
     for case in expected:
         assert case in within, case
     assert len(within) >= len(expected) == 11
+    tpot = {
+        r.file: r
+        for r in results
+        if r.family == "profile" and r.name.startswith("vLLM TP8 decode TPOT at concurrency 4")
+    }
+    low, high = tpot["gpustack-r1-h200"], tpot["dstack-r1-h200"]
+    assert low.published < low.simulated and high.simulated < high.published
 
 
 def test_validate_command_prints_and_writes_json(tmp_path: Path) -> None:

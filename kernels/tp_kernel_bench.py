@@ -1,0 +1,175 @@
+"""The kernels a tensor-parallel engine runs against the ones the profile times, on one GPU.
+
+Two questions the published TP deployments raise (docs/validation.md, "The corpus"):
+
+* **Narrow experts.** Under expert tensor parallelism every expert is ``moe_tp`` times narrower.
+  The profile times ``torch._scaled_grouped_mm``; TP-MoE engines run a Triton fused-MoE kernel
+  tiled per shape (``kernels/triton_grouped_gemm.py``). Both on the gate-up (N = 2F/tp, K = D) and
+  down (N = D, K = F/tp) GEMMs of V3 and V4.1-Flash, at 1/2/4/8-way expert TP, over experts and
+  rows per expert from decode to prefill sizes.
+* **Prefill attention.** V3's MHA-form prefill runs FlashAttention through PyTorch (FA2-class on
+  Hopper); engines run FA3 there. PyTorch's cuDNN attention is the FA3-class kernel this image
+  has: both on the heads of one TP slice (128 / tp), chunks after a prefix.
+
+    python -m deepinfer_sim.kernels.tp_kernel_bench --out FILE.json [--quick]
+    python -m deepinfer_sim.kernels.tp_kernel_bench --dry-run       # the cases, no GPU
+
+Each case reports every kernel's median time (``triton.testing.do_bench``) and its output's
+relative error against a float32 reference, so a fast but wrong kernel shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..models.registry import load_model
+
+MODELS = ("deepseek-v3", "deepseek-v4.1-flash")
+MOE_TP = (1, 2, 4, 8)
+EXPERTS = (8, 32)
+ROWS = (4, 16, 64, 256, 1024)
+HEADS = (16, 32, 128)  # V3's 128 heads over TP 8, 4, 1
+CHUNKS = ((4096, 0), (8192, 0), (8192, 8192), (8192, 24576))  # (new tokens, prefix)
+
+
+def moe_cases(models: tuple[str, ...] = MODELS, quick: bool = False) -> list[dict[str, Any]]:
+    """Every (model, moe_tp, GEMM, E experts, m rows per expert, N, K) case."""
+    out = []
+    for name in models:
+        spec = load_model(name)
+        w, h = spec.moe.expert_width, spec.hidden
+        for tp in (1, 8) if quick else MOE_TP:
+            f = w // tp
+            for gemm, n, k in (("gate_up", 2 * f, h), ("down", h, f)):
+                for e in EXPERTS:
+                    for m in (16, 256) if quick else ROWS:
+                        out.append(
+                            {"model": name, "moe_tp": tp, "gemm": gemm, "experts": e, "m": m,
+                             "n": n, "k": k}
+                        )  # fmt: skip
+    return out
+
+
+def attention_cases(quick: bool = False) -> list[dict[str, Any]]:
+    """V3's MHA-form prefill (q/k 192 wide, v 128) at each TP slice's heads."""
+    return [
+        {"heads": hd, "new": n, "prefix": p, "d_qk": 192, "d_v": 128}
+        for hd in ((16, 128) if quick else HEADS)
+        for n, p in (CHUNKS[1:3] if quick else CHUNKS)
+    ]
+
+
+def time_moe(case: dict[str, Any]) -> dict[str, Any]:
+    """torch._scaled_grouped_mm and the Triton grouped GEMM on one shape (GPU only)."""
+    import torch
+    from triton.testing import do_bench
+
+    from .linear import quantize_rowwise
+    from .triton_grouped_gemm import grouped_fp8_gemm, grouped_reference
+
+    e, m, n, k = case["experts"], case["m"], case["n"], case["k"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn((e * m, k), device="cuda", dtype=torch.bfloat16, generator=gen)
+    w = torch.randn((e, n, k), device="cuda", dtype=torch.bfloat16, generator=gen) / k**0.5
+    aq, a_s = quantize_rowwise(a)
+    wq, ws = quantize_rowwise(w)
+    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * m
+    ref = grouped_reference(aq, a_s, wq, ws, offs).float()
+
+    def torch_gmm() -> Any:
+        return torch._scaled_grouped_mm(
+            aq, wq.transpose(-2, -1), scale_a=a_s, scale_b=ws, offs=offs,
+            out_dtype=torch.bfloat16,
+        )  # fmt: skip
+
+    def triton_gmm() -> Any:
+        return grouped_fp8_gemm(aq, a_s, wq, ws, offs)
+
+    row: dict[str, Any] = dict(case)
+    for name, fn in (("scaled_grouped_mm", torch_gmm), ("triton", triton_gmm)):
+        try:
+            got = fn().float()
+            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
+            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=10, rep=40))
+        except Exception as exc:  # a kernel that cannot run this shape: say so, go on
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def time_attention(case: dict[str, Any]) -> dict[str, Any]:
+    """FlashAttention (what the profile times, v zero-padded to 192) and cuDNN attention (v at
+    its own 128) on one chunk after a prefix, end-aligned causal (GPU only)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    from triton.testing import do_bench
+
+    h, n, p, dqk, dv = case["heads"], case["new"], case["prefix"], case["d_qk"], case["d_v"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape: int) -> Any:
+        return torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+    q, k, v = rnd(1, h, n, dqk), rnd(1, h, p + n, dqk), rnd(1, h, p + n, dv)
+    v_pad = torch.nn.functional.pad(v, (0, dqk - dv))
+    scale = dqk**-0.5
+
+    def flash() -> Any:
+        return torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v_pad, 0.0, True, False, scale=scale
+        )[0]
+
+    mask = causal_lower_right(n, p + n) if p else None
+
+    def cudnn() -> Any:
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale
+            )
+
+    ref = flash()[..., :dv].float()
+    row: dict[str, Any] = dict(case)
+    # causal pairs attended: every new token sees the prefix and the new tokens up to itself
+    pairs = n * p + n * (n + 1) / 2
+    row["tflop"] = 2 * h * pairs * (dqk + dv) / 1e12
+    for name, fn in (("flash", flash), ("cudnn", cudnn)):
+        try:
+            got = fn()[..., :dv].float()
+            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
+            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=5, rep=30))
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--quick", action="store_true", help="a few cases of each kind")
+    ap.add_argument("--dry-run", action="store_true", help="list the cases; no GPU needed")
+    ap.add_argument("--skip", choices=("moe", "attention"), action="append", default=[])
+    args = ap.parse_args(argv)
+    moe = [] if "moe" in args.skip else moe_cases(quick=args.quick)
+    att = [] if "attention" in args.skip else attention_cases(quick=args.quick)
+    if args.dry_run:
+        print(json.dumps({"moe": moe, "attention": att}, indent=1))
+        return 0
+    if args.out is None:
+        ap.error("--out is required unless --dry-run")
+    import torch
+
+    rows: dict[str, list[dict[str, Any]]] = {"moe": [], "attention": []}
+    for kind, cases, fn in (("moe", moe, time_moe), ("attention", att, time_attention)):
+        for case in cases:
+            rows[kind].append(fn(case))
+            print(json.dumps(rows[kind][-1]), flush=True)
+            args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), **rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
