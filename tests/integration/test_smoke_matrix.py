@@ -196,6 +196,19 @@ def test_plan(invoke, scenarios, name, tmp_path):
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
+def test_compare_api(invoke, scenarios, name, tmp_path):
+    """Every scenario but an aggregated one, which compare-api refuses in one line (it sizes
+    disaggregated pools only: docs/planner.md)."""
+    config, shrink = scenarios[name]
+    res = invoke("compare-api", config, "--out", str(tmp_path), *shrink)
+    if name in bundled_scenarios() and load_scenario(name).aggregated:
+        assert res.exit_code == 2 and res.output.count("error:") == 1, res.output
+        assert "serving: aggregated is not supported" in res.output
+        return
+    check(res)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
 def test_trace_synth(synths, name):
     res, out = synths(name)
     check(res)
@@ -225,7 +238,7 @@ def test_commands_without_a_scenario(invoke, args):
 
 IN_MATRIX = {
     "show", "run", "report", "timeline", "eplb", "cost", "sweep ttl", "sweep grid", "plan",
-    "trace synth", "trace stats", "trace convert", "validate", "list", "schema",
+    "trace synth", "trace stats", "trace convert", "validate", "list", "schema", "compare-api",
 }  # fmt: skip
 
 
