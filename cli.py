@@ -361,6 +361,14 @@ def _print_eplb(res: dict[str, Any]) -> None:
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True, help="Worker processes here, or Ray tasks.")  # fmt: skip
 @click.option("--address", "ray_address", default=None, help="Ray cluster address (ray only).")
+@click.option("--gpus", type=click.IntRange(1), default=None,
+              help="The best deployment within N GPUs: the highest rate meeting the SLOs "
+              "(planner.gpus).")  # fmt: skip
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The cheapest deployment serving R req/s (planner.target_rate_rps; "
+              "the default mode, at the workload's rate).")  # fmt: skip
+@click.option("--json", "json_file", type=click.Path(dir_okay=False), default=None,
+              help="Write the plan (plan.json's content) here too.")  # fmt: skip
 @_overrides
 def plan(
     config: str,
@@ -369,14 +377,26 @@ def plan(
     what_ifs: tuple[str, ...],
     executor: str,
     ray_address: str | None,
+    gpus: int | None,
+    rate: float | None,
+    json_file: str | None,
     overrides: tuple[str, ...],
 ) -> None:
-    """The cheapest deployment of CONFIG's model that serves its workload within the SLOs.
+    """The cheapest deployment of CONFIG's model that serves its workload within the SLOs
+    (--rate R), or the one within N GPUs that serves the highest rate (--gpus N).
 
-    Searches the shapes in the scenario's `planner` section (prefill EP and instances per decode
-    group, decode EP); for each, bisection on load finds the rate one unit sustains, then
-    replicas cover the target rate. See docs/planner.md.
+    Searches the shapes in the scenario's `planner` section (pool kinds, prefill EP and
+    instances per decode group, decode EP, aggregated EP, and the `planner.vary` axes); for
+    each, bisection on load finds the rate one unit sustains, then replicas cover the target
+    rate or fill the budget. Writes the throughput/interactivity front too. See docs/planner.md.
     """
+    if gpus is not None and rate is not None:
+        raise click.UsageError("give --gpus or --rate, not both")
+    if gpus is not None:
+        overrides = (*overrides, f"planner.gpus={gpus}")
+    if rate is not None:
+        overrides = (*overrides, f"planner.target_rate_rps={rate}", "planner.gpus=null")
+    json_path = writable_file(json_file, "--json") if json_file else None
     from .planner.plan import Snapshot
     from .planner.plan import plan as run_plan
     from .planner.plan_report import print_plan, write_plan
@@ -406,6 +426,10 @@ def plan(
     print_plan(con, base, "plan")  # on the terminal before any file: a full disk loses no answer
     _say_resumed(con, base, out / "plan" / "probes")
     write_plan(base, out / "plan")
+    if json_path is not None:
+        from .cli_common import write_text as write_option_file
+
+        write_option_file(json_path, (out / "plan" / "plan.json").read_text(), "--json")
     runs = []
     if base.best is not None:
         copy_folder(base.best.run_dir, out / "recommended")

@@ -733,6 +733,28 @@ class Planner(FrozenModel):
     headroom: float = Field(
         0.85, gt=0, le=1, description="run each replica at this share of its sustainable rate"
     )
+    gpus: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description="a GPU budget: plan the deployment within it that serves the highest rate "
+        "meeting the SLOs (plan --gpus); None: the cheapest deployment for target_rate_rps",
+    )
+    kinds: tuple[Literal["disaggregated", "aggregated"], ...] = Field(
+        ("disaggregated",),
+        min_length=1,
+        description="pool kinds searched: disaggregated units (prefill instances + a decode "
+        "group) and aggregated instances (aggregated_ep GPUs each, prefill and decode together)",
+    )
+    aggregated_ep: tuple[int, ...] = Field(
+        (8,), min_length=1, description="GPUs of one aggregated instance, where kinds has it"
+    )
+    vary: dict[str, tuple[Any, ...]] = Field(
+        default_factory=dict,
+        description="more axes of the search, every combination tried with every shape: a "
+        "scenario key and its values, e.g. {pools.decode.two_batch_overlap: [true, false], "
+        "policies.speculative.policy: [none, mtp], pools.decode.tp: [1, 8]}",
+    )
 
 
 class TokenPrices(typing.NamedTuple):

@@ -10,7 +10,11 @@ The planner ranks shapes by these bounds and skips a shape whose cheapest possib
 - Decode: ``steady_throughput`` at the largest batch per rank that fits (``max_seqs_per_rank``
   or the KV capacity at the workload's mean context), divided by the mean output tokens.
 
-Both take the experts as perfectly balanced (the simulation's imbalance, constant or live, is
+- Aggregated (one instance prefilling and decoding on the same GPUs): the lower of the two
+  bounds above for a prefill instance and a decode group shaped as the instance — it cannot
+  prefill faster than if it only prefilled, nor decode faster than if it only decoded.
+
+All take the experts as perfectly balanced (the simulation's imbalance, constant or live, is
 never below 1) and ignore queueing, tiers, transfers and imbalance between instances, so the
 sustainable rate the simulation finds is lower: a shape is pruned only when even its bound cannot
 win (``tests/integration/test_plan_bounds.py`` holds the bounds against simulated rates).
@@ -119,3 +123,24 @@ def rate_bound(sc: Scenario, stats: WorkloadStats) -> float:
     prefill = pool.prefill.instances * prefill_tokens_per_s(sc, new_tokens) / new_tokens
     decode = pool.decode.groups * decode_tokens_per_s(sc, context) / max(stats.output_tokens, 1.0)
     return min(prefill, decode)
+
+
+def unit_rate_bound(sc: Scenario, stats: WorkloadStats) -> float:
+    """:func:`rate_bound` of the scenario's unit, aggregated or disaggregated."""
+    return rate_bound(as_disaggregated(sc) if sc.aggregated else sc, stats)
+
+
+def as_disaggregated(sc: Scenario) -> Scenario:
+    """A disaggregated scenario with one prefill instance and one decode group each shaped as
+    ``sc``'s aggregated instances (the same GPUs, parallelism, token budget and batch cap)."""
+    data = sc.model_dump(mode="json")
+    agg = data["pools"].pop("aggregated")
+    data["serving"] = "disaggregated"
+    common = {k: agg[k] for k in ("ep", "hardware", "tp", "moe_tp", "two_batch_overlap")}
+    data["pools"]["prefill"].update(
+        common, instances=agg["instances"], max_tokens_per_step=agg["max_tokens_per_step"]
+    )
+    data["pools"]["decode"].update(
+        common, groups=agg["instances"], max_seqs_per_rank=agg["max_seqs_per_rank"]
+    )
+    return scenario_from_dict(data)

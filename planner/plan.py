@@ -41,6 +41,7 @@ have been cheaper than the recommendation (its cost at its rate bound), and the 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -57,32 +58,63 @@ from ..sim.results.report_numbers import MISS_ORDER, slo_checks
 from ..sim.run import simulate
 from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
-from .bounds import WorkloadStats, rate_bound
+from .bounds import WorkloadStats, unit_rate_bound
 from .executors import Failed, WorkerPool, ray_context
 from .snapshot import Snapshot, snapshot_of  # Snapshot is imported from here too (cli.py)
 
 
 @dataclass(frozen=True)
 class Shape:
+    """One replicable unit: ``prefill_instances`` prefill instances of EP ``prefill_ep`` and one
+    decode group of EP ``decode_ep`` (``kind`` disaggregated), or one aggregated instance of
+    ``prefill_ep`` GPUs (``kind`` aggregated; the other two unused); ``extra``: the
+    ``planner.vary`` settings of this point of the search (``key=value`` overrides)."""
+
     prefill_ep: int
     prefill_instances: int
     decode_ep: int
+    kind: str = "disaggregated"
+    extra: tuple[str, ...] = ()
 
     def overrides(self) -> list[str]:
-        return [
-            f"pools.prefill.ep={self.prefill_ep}",
-            f"pools.prefill.instances={self.prefill_instances}",
-            f"pools.decode.ep={self.decode_ep}",
-            "pools.decode.groups=1",
-        ]
+        if self.kind == "aggregated":
+            pools = [
+                "serving=aggregated",
+                f"pools.aggregated.ep={self.prefill_ep}",
+                "pools.aggregated.instances=1",
+            ]
+        else:
+            pools = [
+                f"pools.prefill.ep={self.prefill_ep}",
+                f"pools.prefill.instances={self.prefill_instances}",
+                f"pools.decode.ep={self.decode_ep}",
+                "pools.decode.groups=1",
+            ]
+        return [*pools, *self.extra]
 
     @property
     def label(self) -> str:
-        return f"{self.prefill_instances}xEP{self.prefill_ep} + EP{self.decode_ep}"
+        if self.kind == "aggregated":
+            base = f"agg EP{self.prefill_ep}"
+        else:
+            base = f"{self.prefill_instances}xEP{self.prefill_ep} + EP{self.decode_ep}"
+        return " ".join([base, *(_short(e) for e in self.extra)])
 
     @property
     def slug(self) -> str:
-        return f"p{self.prefill_instances}x{self.prefill_ep}-d{self.decode_ep}"
+        if self.kind == "aggregated":
+            base = f"a{self.prefill_ep}"
+        else:
+            base = f"p{self.prefill_instances}x{self.prefill_ep}-d{self.decode_ep}"
+        if not self.extra:
+            return base
+        return f"{base}-{sha1(' '.join(self.extra).encode()).hexdigest()[:8]}"
+
+
+def _short(override: str) -> str:
+    """``pools.decode.two_batch_overlap=false`` as ``decode.two_batch_overlap=false``."""
+    key, _, value = override.partition("=")
+    return f"{key.removeprefix('pools.').removeprefix('policies.')}={value}"
 
 
 OUTPUT_ERROR = "cannot write its results: "
@@ -106,6 +138,9 @@ class ShapeResult:
     tpot_p99_s: float = math.nan
     revenue_per_gpu_hour_usd: float = math.nan
     error: str = ""
+    rate_rps: float = 0.0  # what the deployment serves: the target, or within a GPU budget
+    storage_nodes: int = 0
+    tok_s_per_user: float = math.nan  # at the operating point: 1 / mean TPOT
     run_dir: str = ""  # the operating point's run (summary, requests, time series)
     from_log: int = 0  # simulations (probes, operating point) found done in the probe log
     simulated: int = 0  # simulations run this time
@@ -153,6 +188,7 @@ class ProbeBase:
     requests: int  # of the workload without max_requests / repeat
     rate_rps: float  # its mean arrival rate at the scenario's rate_scale
     snapshot: Snapshot
+    gpu_budget: int | None = None  # plan --gpus: replicas fill the budget, no target rate
 
     def shaped(self, shape: Shape) -> Scenario:
         return self.snapshot.scenario(shape.overrides())
@@ -272,8 +308,14 @@ def evaluate_shape(
         if rate <= 0:
             res.status = "infeasible"
             return res
-        res.replicas = math.ceil(target / (rate * plan.headroom))
-        op_sc = base.scenario(config, shape, target / res.replicas)
+        if base.gpu_budget is not None:
+            res.replicas = base.gpu_budget // res.unit_gpus
+            per_replica = rate * plan.headroom
+        else:
+            res.replicas = math.ceil(target / (rate * plan.headroom))
+            per_replica = target / res.replicas
+        res.rate_rps = per_replica * res.replicas
+        op_sc = base.scenario(config, shape, per_replica)
         key = ProbeLog.key(op_sc)
         if runs_dir is not None:
             res.run_dir = str(Path(runs_dir) / shape.slug)
@@ -291,15 +333,22 @@ def evaluate_shape(
                 result.write(res.run_dir, plots=False)
             at = result.summary
             op = {
-                "rate_rps": target / res.replicas,
+                "rate_rps": per_replica,
                 "run_dir": res.run_dir,
                 "ttft_p99_s": at["latency"]["ttft_s"]["p99"],
                 "tpot_p99_s": at["latency"]["tpot_s"]["p99"],
+                "tpot_mean_s": at["latency"]["tpot_s"]["mean"],
+                "missed": slo_failure(at, sc),
                 "revenue_per_gpu_hour_usd": at["cost"]["revenue_per_gpu_hour_usd"],
             }
             log.add("operating_point", key, op)
         res.ttft_p99_s = op["ttft_p99_s"]
         res.tpot_p99_s = op["tpot_p99_s"]
+        if op.get("missed"):  # the rate it claims must hold too (a probe's noise, say)
+            res.status, res.limited_by = "infeasible", f"operating point: {op['missed']}"
+            return res
+        tpot = op.get("tpot_mean_s") or math.nan  # (logs of older versions lack it)
+        res.tok_s_per_user = 1.0 / tpot if tpot > 0 else math.nan
         res.revenue_per_gpu_hour_usd = op["revenue_per_gpu_hour_usd"] or math.nan
         res.status = "feasible"
     except OutputError as exc:  # a full disk, say: the environment's, the CLI exits 2
@@ -316,9 +365,16 @@ class Plan:
     storage_usd_h: float
     mean_output_tokens: float
     results: list[ShapeResult]
+    gpu_budget: int | None = None  # plan --gpus: the highest rate within it, not the cheapest
+    front: list[Any] = field(default_factory=list)  # front.FrontPoint: the search space's front
 
     def feasible(self) -> list[ShapeResult]:
-        return sorted((r for r in self.results if r.status == "feasible"), key=lambda r: r.usd_h)
+        """Shapes that met the SLOs, best first: the cheapest for the target rate, or within a
+        GPU budget the highest rate (then the cheapest per token)."""
+        ok = [r for r in self.results if r.status == "feasible"]
+        if self.gpu_budget is not None:
+            return sorted(ok, key=lambda r: (-r.rate_rps, r.usd_per_mtok_output))
+        return sorted(ok, key=lambda r: r.usd_h)
 
     @property
     def best(self) -> ShapeResult | None:
@@ -328,7 +384,7 @@ class Plan:
     def frontier(self) -> list[ShapeResult]:
         """Feasible shapes no other beats on both cost and p99 TTFT."""
         out, best_ttft = [], math.inf
-        for r in self.feasible():
+        for r in sorted(self.feasible(), key=lambda r: r.usd_h):
             if r.ttft_p99_s < best_ttft:
                 out.append(r)
                 best_ttft = r.ttft_p99_s
@@ -359,6 +415,13 @@ class Plan:
         ok = self.feasible()
         failed = self.failed()
         if not ok:
+            over = [r for r in self.results if r.status == "over_budget"]
+            if over and len(over) == len(self.results):
+                smallest = min(r.unit_gpus for r in over)
+                return (
+                    f"every shape needs more GPUs than the budget of {self.gpu_budget} "
+                    f"(the smallest, {smallest})"
+                )
             if failed and len(failed) == len(self.results):
                 return (
                     f"The search is incomplete: all {len(failed)} shapes failed, so nothing is "
@@ -371,6 +434,8 @@ class Plan:
                 )
             return "no shape met the SLOs at any load"
         best = ok[0]
+        if self.gpu_budget is not None:
+            return self._why_within_budget(best, failed)
         if failed:
             cheaper = [r for r in failed if self.lower_usd_h(r) < best.usd_h]
             if cheaper:
@@ -408,6 +473,43 @@ class Plan:
             text += f" {pruned} shapes were pruned by their cost-model bound."
         return text
 
+    def _why_within_budget(self, best: ShapeResult, failed: list[ShapeResult]) -> str:
+        gpus = best.replicas * best.unit_gpus
+        text = (
+            f"{best.shape.label} × {best.replicas} ({gpus} of {self.gpu_budget} GPUs) serves the "
+            f"highest rate within the budget meeting the SLOs: {best.rate_rps:.1f} req/s "
+            f"({best.replicas} × {best.rate_rps / best.replicas:.1f} req/s, "
+            f"{self._headroom_text(best)}), ${best.usd_h:,.0f}/h, "
+            f"${best.usd_per_mtok_output:.2f}/M output tokens."
+        )
+        if failed:
+            higher = [
+                r
+                for r in failed
+                if ((self.gpu_budget or 0) // max(r.unit_gpus, 1)) * r.bound_rps > best.rate_rps
+            ]
+            text = (
+                f"The search is incomplete: {self._failed_text(failed)}; "
+                + (
+                    f"{len(higher)} of them could have served more. "
+                    if higher
+                    else "none of them could have served more (their cost-model bounds). "
+                )
+                + text
+            )
+        pruned = sum(r.status == "pruned" for r in self.results)
+        if pruned:
+            text += f" {pruned} shapes were pruned by their cost-model bound."
+        over = sum(r.status == "over_budget" for r in self.results)
+        if over:
+            text += f" {over} shapes need more GPUs than the budget."
+        return text
+
+    @staticmethod
+    def _headroom_text(r: ShapeResult) -> str:
+        share = r.rate_rps / (r.replicas * r.sustainable_rps) if r.sustainable_rps else math.nan
+        return f"{share:.0%} of the {r.sustainable_rps:.1f} req/s one sustains"
+
     def _failed_text(self, failed: list[ShapeResult]) -> str:
         labels = ", ".join(r.shape.label for r in failed)
         return f"{len(failed)} of {len(self.results)} shapes failed ({labels})"
@@ -416,7 +518,9 @@ class Plan:
         best = self.best
         found, sims = self.from_log()
         return {
-            "target_rps": self.target_rps,
+            "mode": "gpus" if self.gpu_budget is not None else "rate",
+            "gpu_budget": self.gpu_budget,
+            "target_rps": self.target_rps if self.gpu_budget is None else None,
             "storage_nodes": self.storage_nodes,
             "storage_usd_h": self.storage_usd_h,
             "complete": self.complete,
@@ -425,16 +529,49 @@ class Plan:
             "failed": {r.shape.label: r.error for r in self.failed()},
             "simulations": {"from_log": found, "total": sims},
             "frontier": [r.shape.label for r in self.frontier()],
+            "front": [asdict(p) for p in self.front if p.pareto or p.simulated],
             "shapes": [r.row() for r in self.results],
             "probes": {r.shape.label: r.probes for r in self.results},
         }
 
 
 def candidate_shapes(sc: Scenario) -> list[Shape]:
+    """Every shape of the planner's search space: each pool kind's shapes times every
+    combination of ``planner.vary``."""
     p = sc.planner
-    return [
-        Shape(pe, pi, de) for pe in p.prefill_ep for pi in p.prefill_instances for de in p.decode_ep
-    ]
+    units: list[Shape] = []
+    if "disaggregated" in p.kinds:
+        units += [
+            Shape(pe, pi, de)
+            for pe in p.prefill_ep
+            for pi in p.prefill_instances
+            for de in p.decode_ep
+        ]
+    if "aggregated" in p.kinds:
+        units += [Shape(ep, 1, 0, "aggregated") for ep in p.aggregated_ep]
+    shapes: list[Shape] = []
+    for unit in units:
+        axes = [
+            [f"{key}={_yaml_value(v)}" for v in values]
+            for key, values in p.vary.items()
+            if _applies(key, unit.kind)
+        ]
+        shapes += [replace(unit, extra=tuple(combo)) for combo in itertools.product(*axes)]
+    return shapes
+
+
+def _applies(key: str, kind: str) -> bool:
+    """Does a ``planner.vary`` key bear on a shape of ``kind``? The aggregated pool's keys only
+    on aggregated shapes, the prefill and decode pools' only on disaggregated ones."""
+    if key.startswith("pools.aggregated."):
+        return kind == "aggregated"
+    if key.startswith(("pools.prefill.", "pools.decode.")):
+        return kind == "disaggregated"
+    return True
+
+
+def _yaml_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def plan(
@@ -461,43 +598,53 @@ def plan(
     worker dies is evaluated again ``retries`` times, then recorded ``error``."""
     if probes_dir is None and runs_dir is not None:
         probes_dir = str(Path(runs_dir).parent / "probes")
+    if executor == "ray":  # Ray tasks run in folders of their own (on other machines, too)
+        runs_dir = str(Path(runs_dir).resolve()) if runs_dir is not None else None
+        probes_dir = str(Path(probes_dir).resolve()) if probes_dir is not None else None
     snap = snapshot_of(config, overrides)
     sc = snap.scenario()
+    budget = sc.planner.gpus
     source = build_source(sc.workload, sc.seed)
     stats = WorkloadStats.of(source)
     target = (sc.planner.target_rate_rps or stats.rate_rps) * sc.planner.traffic_scale
     whole = snap.scenario(["workload.repeat=1"])
     whole_source = build_source(whole.workload, whole.seed)
     base = ProbeBase(
-        tuple(overrides), len(whole_source), WorkloadStats.of(whole_source).rate_rps, snap
+        tuple(overrides), len(whole_source), WorkloadStats.of(whole_source).rate_rps, snap, budget
     )
-    storage_nodes = 0
-    if sc.pools.storage.nodes:
-        _, frame = ttl_report(sc, source, [1.0])
-        per_class = frame[(frame["policy"] == "class_ttl") & (frame["traffic_class"] == "all")]
-        need = float(per_class["peak_resident_bytes"].iloc[0]) * target / stats.rate_rps
-        storage_nodes = max(sc.pools.storage.width, nodes_for(sc.pools.storage, need))
-    storage_usd_h = storage_nodes * sc.prices.storage_node_hour_usd
+    storage = StorageSizer.of(sc, source, stats)
     results = []
     for shape in candidate_shapes(sc):
         shaped = base.shaped(shape)
         gpus, usd_h = unit_cost(shaped)
-        bound = rate_bound(shaped, stats)
-        results.append(ShapeResult(shape, bound, gpus, usd_h))
-    # cheapest possible deployment first: enough replicas at the bound
-    results.sort(key=lambda r: math.ceil(target / r.bound_rps) * r.unit_usd_h)
-    best_usd = math.inf
+        if budget is not None and gpus > budget:
+            results.append(ShapeResult(shape, 0.0, gpus, usd_h, status="over_budget"))
+            continue
+        results.append(ShapeResult(shape, unit_rate_bound(shaped, stats), gpus, usd_h))
+    searched = [r for r in results if r.status == "pending"]
+    if budget is not None:  # the highest rate the budget could serve first
+        searched.sort(key=lambda r: -(budget // r.unit_gpus) * r.bound_rps)
+    else:  # the cheapest possible deployment first: enough replicas at the bound
+        searched.sort(key=lambda r: math.ceil(target / r.bound_rps) * r.unit_usd_h)
+    headroom = sc.planner.headroom
+    best_usd, best_rate = math.inf, 0.0
+
+    def hopeless(r: ShapeResult) -> bool:
+        if budget is not None:
+            return (budget // r.unit_gpus) * r.bound_rps * headroom <= best_rate
+        lower = math.ceil(target / r.bound_rps) * r.unit_usd_h + storage.usd_h(target)
+        return lower >= best_usd
+
     stack = contextlib.ExitStack()
     ray = stack.enter_context(ray_context(workers, ray_address)) if executor == "ray" else None
     pool = WorkerPool(workers) if workers > 1 and ray is None else None
     try:
-        pending = list(results)
+        pending = list(searched)
         while pending:
             batch: list[ShapeResult] = []
             while pending and len(batch) < workers:
                 r = pending.pop(0)
-                lower = math.ceil(target / r.bound_rps) * r.unit_usd_h + storage_usd_h
-                if lower >= best_usd:
+                if hopeless(r):
                     r.status = "pruned"
                     if progress:
                         progress(r)
@@ -525,17 +672,53 @@ def plan(
             for r, d in zip(batch, done, strict=True):
                 if d.status == "error" and not math.isfinite(d.unit_usd_h):
                     d = replace(d, unit_gpus=r.unit_gpus, unit_usd_h=r.unit_usd_h)
-                idx = results.index(r)
-                results[idx] = d
+                results[results.index(r)] = d
                 if d.status == "feasible":
-                    d.usd_h = d.replicas * d.unit_usd_h + storage_usd_h
-                    out_tok_h = target * stats.output_tokens * 3600 / 1e6
+                    if budget is None:
+                        d.rate_rps = target
+                    d.storage_nodes = storage.nodes(d.rate_rps)
+                    d.usd_h = d.replicas * d.unit_usd_h + storage.usd_h(d.rate_rps)
+                    out_tok_h = d.rate_rps * stats.output_tokens * 3600 / 1e6
                     d.usd_per_mtok_output = d.usd_h / out_tok_h
                     best_usd = min(best_usd, d.usd_h)
+                    best_rate = max(best_rate, d.rate_rps)
                 if progress:
                     progress(d)
     finally:
         if pool is not None:
             pool.close()
         stack.close()
-    return Plan(target, storage_nodes, storage_usd_h, stats.output_tokens, results)
+    from .front import front  # (it reads Plan)
+
+    done = Plan(
+        target, storage.nodes(target), storage.usd_h(target), stats.output_tokens, results, budget
+    )
+    done.front = front(done, base, stats)
+    return done
+
+
+@dataclass(frozen=True)
+class StorageSizer:
+    """Storage nodes for a rate: the one-pass TTL sweep's peak resident KV at the scenario's
+    TTLs, scaled from the workload's rate (no nodes when the scenario has none)."""
+
+    pool: Any  # pools.storage
+    bytes_per_rps: float
+    node_usd_h: float
+
+    @classmethod
+    def of(cls, sc: Scenario, source: Any, stats: WorkloadStats) -> StorageSizer:
+        per_rps = 0.0
+        if sc.pools.storage.nodes:
+            _, frame = ttl_report(sc, source, [1.0])
+            rows = frame[(frame["policy"] == "class_ttl") & (frame["traffic_class"] == "all")]
+            per_rps = float(rows["peak_resident_bytes"].iloc[0]) / stats.rate_rps
+        return cls(sc.pools.storage, per_rps, sc.prices.storage_node_hour_usd)
+
+    def nodes(self, rate_rps: float) -> int:
+        if not self.pool.nodes:
+            return 0
+        return max(self.pool.width, nodes_for(self.pool, self.bytes_per_rps * rate_rps))
+
+    def usd_h(self, rate_rps: float) -> float:
+        return self.nodes(rate_rps) * self.node_usd_h

@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from .front import FRONT_COLUMNS, front_rows, plot_front
 from .plan import Plan
 
 
@@ -49,14 +50,28 @@ def write_plan(plan: Plan, out: Path, base: Plan | None = None) -> None:
     if base is not None:
         doc["delta"] = delta(plan, base)
     shapes = pd.DataFrame([r.row() for r in plan.results]).to_csv(index=False)
+    front = pd.DataFrame(front_rows(plan.front), columns=list(FRONT_COLUMNS)).to_csv(index=False)
+    title = _front_title(plan)
     write_outputs(
         out,
         [
             text_output("plan.json", json.dumps(_finite(doc), indent=1) + "\n"),
             text_output("shapes.csv", shapes),
+            text_output("front.csv", front),
             Output("frontier.png", lambda p: _plot_frontier(plan, p), lambda: _plot_frontier(plan)),
+            Output(
+                "front.png",
+                lambda p: plot_front(plan.front, title, p),
+                lambda: plot_front(plan.front, title),
+            ),
         ],
     )
+
+
+def _front_title(plan: Plan) -> str:
+    if plan.gpu_budget is not None:
+        return f"within {plan.gpu_budget} GPUs: throughput per GPU of the budget"
+    return "throughput per GPU against speed per user"
 
 
 def _plot_frontier(plan: Plan, path: Path | None = None) -> int:
@@ -78,7 +93,12 @@ def _plot_frontier(plan: Plan, path: Path | None = None) -> int:
         ax.plot([r.ttft_p99_s for r in front], [r.usd_h for r in front], "o-", color="tab:blue")
         for r in ok:
             ax.annotate(f"{r.shape.label} ×{r.replicas}", (r.ttft_p99_s, r.usd_h), fontsize=7)
-    title = f"deployments for {plan.target_rps:.1f} req/s (blue: Pareto frontier)"
+    what = (
+        f"within {plan.gpu_budget} GPUs"
+        if plan.gpu_budget is not None
+        else f"for {plan.target_rps:.1f} req/s"
+    )
+    title = f"deployments {what} (blue: Pareto frontier)"
     ax.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per hour", title=title)
     fig.tight_layout()
     try:
@@ -95,12 +115,17 @@ def _plot_frontier(plan: Plan, path: Path | None = None) -> int:
 def print_plan(con: Any, plan: Plan, title: str, base: Plan | None = None) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{title}: {plan.target_rps:.1f} req/s, {plan.storage_nodes} storage nodes")
-    columns = ("shape", "status", "bound", "sustains", "replicas", "$/h", "$/M out",
+    if plan.gpu_budget is not None:
+        head = f"{title}: the most within {plan.gpu_budget} GPUs"
+    else:
+        head = f"{title}: {plan.target_rps:.1f} req/s, {plan.storage_nodes} storage nodes"
+    t = Table(title=head)
+    columns = ("shape", "status", "bound", "sustains", "replicas", "serves", "$/h", "$/M out",
                "TTFT p99", "TPOT p99")  # fmt: skip
     for col in columns:
         t.add_column(col, justify="left" if col in ("shape", "status") else "right")
-    for r in sorted(plan.results, key=lambda r: (r.status != "feasible", r.usd_h)):
+    order = {id(r): i for i, r in enumerate(plan.feasible())}
+    for r in sorted(plan.results, key=lambda r: (order.get(id(r), len(order)), r.usd_h)):
         feasible = r.status == "feasible"
         t.add_row(
             r.shape.label,
@@ -108,18 +133,20 @@ def print_plan(con: Any, plan: Plan, title: str, base: Plan | None = None) -> No
             f"{r.bound_rps:.1f}",
             f"{r.sustainable_rps:.1f}" if r.status in ("feasible", "infeasible") else "-",
             str(r.replicas) if feasible else "-",
+            f"{r.rate_rps:.1f}" if feasible else "-",
             f"{r.usd_h:,.0f}" if feasible else "-",
             f"{r.usd_per_mtok_output:.2f}" if feasible else "-",
             f"{r.ttft_p99_s * 1e3:,.0f} ms" if feasible else "-",
             f"{r.tpot_p99_s * 1e3:,.1f} ms" if feasible else "-",
         )
     con.print(t)
+    print_front(con, plan)
     con.print(plan.why())
     best = plan.best
     if best is not None:
         con.print(
             f"recommended: {best.shape.label} × {best.replicas} = "
-            f"{best.replicas * best.unit_gpus} GPUs + {plan.storage_nodes} storage nodes, "
+            f"{best.replicas * best.unit_gpus} GPUs + {best.storage_nodes} storage nodes, "
             f"${best.usd_h:,.0f}/h, ${best.usd_per_mtok_output:.2f}/M output tokens, "
             f"revenue ${best.revenue_per_gpu_hour_usd:.2f}/GPU-h"
         )
@@ -131,3 +158,26 @@ def print_plan(con: Any, plan: Plan, title: str, base: Plan | None = None) -> No
                 f"({d['usd_h_pct']:+.1f} %), {d['gpus']:+d} GPUs, "
                 f"{d['storage_nodes']:+d} storage nodes"
             )
+
+
+def print_front(con: Any, plan: Plan, rows: int = 12) -> None:
+    """The front's Pareto points (at most ``rows``, spread over it) and the simulated ones."""
+    from rich.table import Table
+
+    best = sorted((p for p in plan.front if p.pareto), key=lambda p: p.tok_s_per_user)
+    sims = [p for p in plan.front if p.simulated]
+    if not best and not sims:
+        return
+    step = max(1, math.ceil(len(best) / rows))
+    t = Table(title=f"front: {_front_title(plan)} (steady state; * simulated)")
+    for col in ("deployment", "tok/s per user", "tok/s per GPU", "$/M out", "TTFT p99"):
+        t.add_column(col, justify="left" if col == "deployment" else "right")
+    for p in [*best[::step], *sims]:
+        t.add_row(
+            ("* " if p.simulated else "") + p.deployment,
+            f"{p.tok_s_per_user:,.1f}",
+            f"{p.tok_s_per_gpu:,.0f}",
+            f"{p.usd_per_m_tokens:.2f}",
+            f"{p.p99_ttft_s * 1e3:,.0f} ms" if p.simulated else "-",
+        )
+    con.print(t)

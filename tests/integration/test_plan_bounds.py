@@ -24,6 +24,7 @@ from deepinfer_sim.planner.bounds import (
     WorkloadStats,
     decode_tokens_per_s,
     prefill_tokens_per_s,
+    unit_rate_bound,
 )
 from deepinfer_sim.traces.workload import build_source
 
@@ -99,3 +100,29 @@ def test_each_pools_bound_holds_its_saturated_throughput(shape, tmp_path):
         assert prefill_busy.mean() <= prefill_bound
     if len(decode_busy):
         assert decode_busy.mean() <= decode_bound
+
+
+AGGREGATED = {
+    "aggregated EP8": ["serving=aggregated", "pools.aggregated.ep=8"],
+    "aggregated TP8": ["serving=aggregated", "pools.aggregated.ep=8", "pools.aggregated.tp=8"],
+}
+
+
+@pytest.mark.parametrize("shape", list(AGGREGATED))
+def test_an_aggregated_instances_bound_holds_its_saturated_throughput(shape, tmp_path):
+    """An aggregated instance prefills and decodes on the same GPUs: ``unit_rate_bound`` takes the
+    lower of a prefill instance's and a decode group's bounds of its shape. Arrivals at 1.6 times
+    it queue up; the output tokens per second it serves while requests wait stay below the
+    bound's."""
+    overrides = [*BASE, *AGGREGATED[shape]]
+    probe = load_scenario(
+        "default", [*overrides, f"workload.trace={fixed_trace(tmp_path / 'p.csv', 10)}"]
+    )
+    bound = unit_rate_bound(probe, WorkloadStats.of(build_source(probe.workload, 0)))
+    sc = load_scenario(
+        "default", [*overrides, f"workload.trace={fixed_trace(tmp_path / 't.csv', 1.6 * bound)}"]
+    )
+    ts = simulate(sc).timeseries
+    busy = ts[ts.prefill_queue + ts.decode_waiting > 0].output_tok_per_s
+    assert len(busy) >= 10, "the instance was never saturated: the check would be void"
+    assert busy.mean() <= bound * OUTPUT

@@ -58,8 +58,8 @@ def test_editing_the_scenario_file_during_a_plan_changes_nothing_in_it(config, m
     probe and the operating point still simulate the scenario as it was at the start, and the
     plan's answer is the one it gives on the untouched file."""
     over = [*PLAN, "planner.prefill_instances=[1]"]
-    real_bound = plan_mod.rate_bound  # 3x the bound: the first probe fails and bisection runs
-    monkeypatch.setattr(plan_mod, "rate_bound", lambda sc, st: 3 * real_bound(sc, st))
+    real_bound = plan_mod.unit_rate_bound  # 3x the bound: the first probe fails and bisection runs
+    monkeypatch.setattr(plan_mod, "unit_rate_bound", lambda sc, st: 3 * real_bound(sc, st))
     untouched = plan_mod.plan(str(config), over)
 
     overheads: list[float] = []
@@ -85,13 +85,13 @@ def test_editing_the_scenario_file_during_a_plan_changes_nothing_in_it(config, m
 def test_workers_never_read_the_scenario_file(config, monkeypatch):
     """The file is deleted once the plan has started (while it bounds the shapes, before any
     worker runs): the shapes, in two worker processes, are searched all the same, none fails."""
-    real_bound = plan_mod.rate_bound
+    real_bound = plan_mod.unit_rate_bound
 
     def bound_then_delete(sc, stats):
         config.unlink(missing_ok=True)
         return real_bound(sc, stats)
 
-    monkeypatch.setattr(plan_mod, "rate_bound", bound_then_delete)
+    monkeypatch.setattr(plan_mod, "unit_rate_bound", bound_then_delete)
     result = plan_mod.plan(str(config), [*PLAN, "planner.prefill_instances=[1, 2]"], workers=2)
     assert not config.exists()
     assert [r.status for r in result.results if r.status == "error"] == []

@@ -162,8 +162,8 @@ def test_a_plan_writes_each_probe_as_it_finishes_and_a_rerun_resumes(
 ):
     """Each probe is a line in plan/probes/<shape>.jsonl the moment it ends; a re-run with the
     same config simulates nothing; a line cut short by a kill costs only its own simulation."""
-    real_bound = plan_mod.rate_bound  # 3x the bound: the first probe fails and bisection runs
-    monkeypatch.setattr(plan_mod, "rate_bound", lambda sc, st: 3 * real_bound(sc, st))
+    real_bound = plan_mod.unit_rate_bound  # 3x the bound: the first probe fails and bisection runs
+    monkeypatch.setattr(plan_mod, "unit_rate_bound", lambda sc, st: 3 * real_bound(sc, st))
     over = [*PLAN, "planner.prefill_instances=[1]"]
     runs = tmp_path / "plan" / "runs"
     log = tmp_path / "plan" / "probes" / "p1x2-d8.jsonl"

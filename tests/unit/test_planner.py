@@ -87,7 +87,7 @@ def test_search_prunes_only_shapes_that_cannot_win(monkeypatch: pytest.MonkeyPat
         res.ttft_p99_s = 1.0 / res.replicas
         return res
 
-    monkeypatch.setattr(planner, "rate_bound", fake_bound)
+    monkeypatch.setattr(planner, "unit_rate_bound", fake_bound)
     monkeypatch.setattr(planner, "evaluate_shape", fake_evaluate)
     over = [
         "planner.prefill_ep=[4, 8]",
