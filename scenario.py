@@ -749,7 +749,7 @@ class Planner(FrozenModel):
     aggregated_ep: tuple[int, ...] = Field(
         (8,), min_length=1, description="GPUs of one aggregated instance, where kinds has it"
     )
-    vary: dict[str, tuple[Any, ...]] = Field(
+    vary: dict[str, Annotated[tuple[Any, ...], Field(min_length=1)]] = Field(
         default_factory=dict,
         description="more axes of the search, every combination tried with every shape: a "
         "scenario key and its values, e.g. {pools.decode.two_batch_overlap: [true, false], "

@@ -152,3 +152,21 @@ def test_a_budget_smaller_than_every_shape_says_so(config, tmp_path):
     res = CliRunner().invoke(main, ["plan", config, "--gpus", "2", "--out", str(tmp_path), *sets])
     assert res.exit_code == 0, res.output
     assert "every shape needs more GPUs than the budget of 2" in res.output
+
+
+@pytest.mark.parametrize(
+    ("vary", "message"),
+    [
+        ("{pools.decode.epp: [1]}", "pools.decode.epp: unknown key"),
+        ("{pools.decode.ep: []}", "planner.vary.pools.decode.ep: Tuple should have at least 1"),
+        ("{pools.decode.ep: [eight]}", "pools.decode.ep: Input should be a valid integer"),
+    ],
+)
+def test_a_bad_vary_axis_is_one_error_line_before_any_simulation(config, tmp_path, vary, message):
+    res = CliRunner().invoke(
+        main, ["plan", config, "--gpus", "16", "--out", str(tmp_path), "--set",
+               f"planner.vary={vary}"],
+    )  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert message in res.output and res.output.count("error:") == 1
+    assert "Traceback" not in res.output and not (tmp_path / "plan" / "runs").exists()
