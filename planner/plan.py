@@ -659,7 +659,14 @@ def plan(
                 ]
             if ray is not None:
                 remote = ray.remote(num_cpus=1, max_retries=retries)(evaluate_shape)
-                done = ray.get([remote.remote(*a) for a in args])
+                refs = [remote.remote(*a) for a in args]
+                done = []
+                for r, ref in zip(batch, refs, strict=True):
+                    try:
+                        done.append(ray.get(ref))
+                    except Exception as exc:  # its worker died on every try
+                        why = f"ray task failed: {type(exc).__name__}: {exc}"
+                        done.append(replace(r, status="error", error=why))
             elif pool is not None:
                 done = list(batch)
                 keys = [r.shape.slug for r in batch]

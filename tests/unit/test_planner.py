@@ -130,3 +130,35 @@ def test_the_report_shows_the_planners_slo_rule() -> None:
         assert slo_failure(s, sc) == next((k for k in MISS_ORDER if k in missed), ""), s
     assert slo_failure(one_token, sc) == ""
     assert slo_failure(summary(3.0, 0.04, rejected=2), sc) == "rejections"
+
+
+def test_a_shape_whose_ray_task_died_every_time_is_an_error_and_the_plan_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On Ray, a shape whose task raised on every retry (its node died) is recorded ``error``
+    and the others are still evaluated: the plan is incomplete, not a traceback."""
+    import contextlib
+
+    def fake_evaluate(config: Any, base: Any, shape: Any, hi: float, target: float, *_: Any):
+        res = ShapeResult(shape, hi, 8, 10.0, status="feasible")
+        res.sustainable_rps, res.replicas, res.ttft_p99_s = 50.0, 1, 1.0
+        return res
+
+    class FakeRay:
+        def remote(self, **_: Any):
+            return lambda fn: type("Task", (), {"remote": staticmethod(lambda *a: a)})
+
+        def get(self, args: tuple[Any, ...]):
+            if args[2].prefill_instances == 8:
+                raise RuntimeError("the node died")
+            return fake_evaluate(*args)
+
+    monkeypatch.setattr(planner, "evaluate_shape", fake_evaluate)
+    monkeypatch.setattr(planner, "ray_context", lambda *_: contextlib.nullcontext(FakeRay()))
+    over = ["planner.prefill_ep=[4]", "planner.prefill_instances=[8, 16]",
+            "planner.decode_ep=[64]", "pools.storage.nodes=0", "workload.repeat=1"]  # fmt: skip
+    result = planner.plan("default", over, workers=2, executor="ray")
+    status = {r.shape.prefill_instances: (r.status, r.error) for r in result.results}
+    assert status[8] == ("error", "ray task failed: RuntimeError: the node died")
+    assert status[16][0] == "feasible"
+    assert not result.complete and "incomplete" in result.why()
