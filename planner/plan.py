@@ -697,11 +697,11 @@ def plan(
         stack.close()
     from .front import front  # (it reads Plan)
 
-    done = Plan(
+    answer = Plan(
         target, storage.nodes(target), storage.usd_h(target), stats.output_tokens, results, budget
     )
-    done.front = front(done, base, stats)
-    return done
+    answer.front = front(answer, base, stats)
+    return answer
 
 
 @dataclass(frozen=True)
