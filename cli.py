@@ -434,6 +434,7 @@ def plan(
     if base.best is not None:
         copy_folder(base.best.run_dir, out / "recommended")
         runs.append(str(out / "recommended"))
+        _write_launch_files(con, snap, base.best, out)
     if changed_snap is not None:
         changed = run(changed_snap, "what_if")
         plans.append(("what if", changed))
@@ -445,6 +446,18 @@ def plan(
     if runs:
         con.print("report: deepinfer-sim report " + " ".join(runs))
     _exit_if_incomplete(plans)
+
+
+def _write_launch_files(con: Any, snap: Any, best: Any, out: Path) -> None:
+    """The recommended deployment's launch files in ``out/launch`` (planner/launch.py)."""
+    from .planner.launch import write_launch_files
+
+    sc = snap.scenario(best.shape.deployment(best.replicas))
+    source = Path(snap.source)
+    base_dir = source.parent if source.is_file() else None
+    paths = write_launch_files(sc, out, base_dir=base_dir)
+    con.print(f"launch files for {best.shape.label} × {best.replicas}: "
+              + ", ".join(str(p) for p in paths), markup=False)  # fmt: skip
 
 
 def _say_resumed(con: Any, plan: Any, probes: Path) -> None:
@@ -607,6 +620,7 @@ def _register() -> None:
     from .cli_calibrate import calibrate, derive_profile, merge_profiles
     from .cli_compare_api import compare_api
     from .cli_cost import cost
+    from .cli_launch import launch
     from .cli_plan import report, sweep_grid
     from .cli_timeline import timeline
     from .cli_trace import trace
@@ -616,6 +630,7 @@ def _register() -> None:
         main.add_command(command)
     main.add_command(cost)
     main.add_command(compare_api)
+    main.add_command(launch)
     main.add_command(validate)
     main.add_command(trace)
     main.add_command(report)

@@ -92,6 +92,16 @@ class Shape:
             ]
         return [*pools, *self.extra]
 
+    def deployment(self, replicas: int) -> list[str]:
+        """Overrides of the whole deployment: ``replicas`` copies of this unit."""
+        if self.kind == "aggregated":
+            return [*self.overrides(), f"pools.aggregated.instances={replicas}"]
+        return [
+            *self.overrides(),
+            f"pools.prefill.instances={self.prefill_instances * replicas}",
+            f"pools.decode.groups={replicas}",
+        ]
+
     @property
     def label(self) -> str:
         if self.kind == "aggregated":

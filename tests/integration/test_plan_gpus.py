@@ -76,6 +76,9 @@ def test_plan_gpus_names_the_best_deployment_within_the_budget(planned):
     feasible = [s for s in doc["shapes"] if s["status"] == "feasible"]
     assert best["rate_rps"] == max(s["rate_rps"] for s in feasible)
     assert {s["kind"] for s in doc["shapes"]} == {"disaggregated", "aggregated"}
+    launch = out / "launch"  # the winner's launch files (planner/launch.py)
+    assert {p.name for p in launch.iterdir()} == {"sglang.sh", "vllm.sh", "dynamo.yaml"}
+    assert f"launch files for {best['shape']} × {best['replicas']}" in res.output.replace("\n", "")
 
 
 def test_the_winner_meets_the_slos_at_the_rate_it_claims(planned, config):

@@ -209,6 +209,17 @@ def test_compare_api(invoke, scenarios, name, tmp_path):
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
+def test_launch(invoke, scenarios, name, tmp_path):
+    config, shrink = scenarios[name]
+    check(invoke("launch", config, "--out", str(tmp_path), *shrink))
+    assert {p.name for p in (tmp_path / "launch").iterdir()} == {
+        "sglang.sh",
+        "vllm.sh",
+        "dynamo.yaml",
+    }
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
 def test_trace_synth(synths, name):
     res, out = synths(name)
     check(res)
@@ -239,6 +250,7 @@ def test_commands_without_a_scenario(invoke, args):
 IN_MATRIX = {
     "show", "run", "report", "timeline", "eplb", "cost", "sweep ttl", "sweep grid", "plan",
     "trace synth", "trace stats", "trace convert", "validate", "list", "schema", "compare-api",
+    "launch",
 }  # fmt: skip
 
 
