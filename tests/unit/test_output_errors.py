@@ -158,7 +158,9 @@ def test_a_plan_json_is_replaced_whole_or_not_at_all(tmp_path, file_disk_full):
     with pytest.raises(files.OutputError) as caught:
         write_plan(plan, tmp_path)
     assert str(tmp_path / "plan.json") in str(caught.value) and NO_SPACE in str(caught.value)
-    assert "not written: plan.json, shapes.csv, frontier.png" in str(caught.value)
+    assert "not written: plan.json, shapes.csv, front.csv, frontier.png, front.png" in str(
+        caught.value
+    )
     assert (tmp_path / "plan.json").read_bytes() == before
     assert leftovers(tmp_path) == []
 
