@@ -62,6 +62,17 @@ class _CliError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
+class OneLineErrorCommand(click.Command):
+    """A command that reports a bad option (value) as one ``error:`` line and exit status 2,
+    with no usage banner, whether invoked under ``main`` or on its own."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise _CliError(exc.format_message()) from None
+
+
 def user_errors(f: F) -> F:
     """For a command that is also invoked on its own (outside a UserErrorGroup)."""
 

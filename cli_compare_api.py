@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .cli_common import (
+    OneLineErrorCommand,
     console,
     default_out,
     overrides_option,
@@ -30,24 +31,7 @@ if TYPE_CHECKING:
     from .planner.analysis.api_compare import ApiComparison, SelfHostedDay
 
 
-class _UsageAsError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-class _Command(click.Command):
-    """Reports a bad option as one ``error:`` line (no usage banner), as ``cost`` does."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise _UsageAsError(exc.format_message()) from None
-
-
-@click.command("compare-api", cls=_Command)
+@click.command("compare-api", cls=OneLineErrorCommand)
 @click.argument("config", default="default")
 @overrides_option(
     "Override a config value by dotted key, e.g. --set workload.sessions.days=14 or "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .cli_common import (
+    OneLineErrorCommand,
     console,
     figure,
     overrides_option,
@@ -28,23 +29,6 @@ from .errors import UserError
 if TYPE_CHECKING:
     from .planner.analysis.steady import SteadyPoint
     from .scenario import Scenario
-
-
-class _UsageAsError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-class _Command(click.Command):
-    """Reports a bad option value as one ``error:`` line (no usage banner)."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise _UsageAsError(exc.format_message()) from None
 
 
 _POSITIVE = click.FloatRange(min=0, min_open=True)
@@ -63,7 +47,7 @@ def _given_on_command_line(param: str) -> bool:
     return source is click.core.ParameterSource.COMMANDLINE
 
 
-@click.command("cost", cls=_Command)
+@click.command("cost", cls=OneLineErrorCommand)
 @click.argument("config", default="default")
 @click.option(
     "--pool",

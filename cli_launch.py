@@ -9,31 +9,20 @@ invoked under ``main`` or on its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
-from .cli_common import console, default_out, overrides_option, user_errors, writable_dir
+from .cli_common import (
+    OneLineErrorCommand,
+    console,
+    default_out,
+    overrides_option,
+    user_errors,
+    writable_dir,
+)
 
 
-class _UsageAsError(click.ClickException):
-    exit_code = 2
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-class _Command(click.Command):
-    """Reports a bad option as one ``error:`` line (no usage banner), as ``cost`` does."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise _UsageAsError(exc.format_message()) from None
-
-
-@click.command("launch", cls=_Command)
+@click.command("launch", cls=OneLineErrorCommand)
 @click.argument("config", default="default")
 @overrides_option(
     "Override a config value by dotted key, e.g. --set pools.decode.ep=128 (repeatable)."

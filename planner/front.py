@@ -137,11 +137,9 @@ def plot_front(points: list[FrontPoint], title: str, path: Path | None = None) -
     grey, the Pareto front in blue, simulated operating points as red stars), and $/M tokens
     against p99 TTFT of the simulated points. Written to ``path`` atomically; without one, the
     PNG's size in bytes."""
-    import io
-
     import matplotlib
 
-    from ..sim.results.files import atomic_write
+    from ..sim.results.files import close_png
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -175,12 +173,4 @@ def plot_front(points: list[FrontPoint], title: str, path: Path | None = None) -
     bx.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per M output tokens",
            title="simulated points")  # fmt: skip
     fig.tight_layout()
-    try:
-        if path is None:
-            buf = io.BytesIO()
-            fig.savefig(buf, dpi=110, format="png")
-            return buf.tell()
-        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-        return path.stat().st_size
-    finally:
-        plt.close(fig)
+    return close_png(fig, path)

@@ -60,6 +60,7 @@ from ..traces.workload import build_source
 from .analysis.storage_sizing import nodes_for, ttl_report
 from .bounds import WorkloadStats, unit_rate_bound
 from .executors import Failed, WorkerPool, ray_context
+from .grid import inline_yaml
 from .snapshot import Snapshot, snapshot_of  # Snapshot is imported from here too (cli.py)
 
 
@@ -562,7 +563,7 @@ def candidate_shapes(sc: Scenario) -> list[Shape]:
     shapes: list[Shape] = []
     for unit in units:
         axes = [
-            [f"{key}={_yaml_value(v)}" for v in values]
+            [f"{key}={inline_yaml(v)}" for v in values]
             for key, values in p.vary.items()
             if _applies(key, unit.kind)
         ]
@@ -578,10 +579,6 @@ def _applies(key: str, kind: str) -> bool:
     if key.startswith(("pools.prefill.", "pools.decode.")):
         return kind == "disaggregated"
     return True
-
-
-def _yaml_value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def plan(

@@ -76,11 +76,9 @@ def _front_title(plan: Plan) -> str:
 
 def _plot_frontier(plan: Plan, path: Path | None = None) -> int:
     """The cost-vs-latency plot into ``path`` (atomically); without one, its size in bytes."""
-    import io
-
     import matplotlib
 
-    from ..sim.results.files import atomic_write
+    from ..sim.results.files import close_png
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -101,15 +99,7 @@ def _plot_frontier(plan: Plan, path: Path | None = None) -> int:
     title = f"deployments {what} (blue: Pareto frontier)"
     ax.set(xlabel="p99 TTFT at the operating point (s)", ylabel="$ per hour", title=title)
     fig.tight_layout()
-    try:
-        if path is None:
-            buf = io.BytesIO()
-            fig.savefig(buf, dpi=110, format="png")
-            return buf.tell()
-        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-        return path.stat().st_size
-    finally:
-        plt.close(fig)
+    return close_png(fig, path)
 
 
 def print_plan(con: Any, plan: Plan, title: str, base: Plan | None = None) -> None:

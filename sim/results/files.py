@@ -252,3 +252,21 @@ def _one_error(exc: OSError) -> OSError:
         if any(os.strerror(code) in w for w in whys):
             return OSError(code, os.strerror(code))
     return OSError(None, whys[0] if whys else str(exc))
+
+
+def close_png(fig: Any, path: Path | None, dpi: int = 110) -> int:
+    """Save matplotlib ``fig`` as a PNG to ``path`` atomically and close it; without a path, only
+    its size. Returns the PNG's bytes (how a plot's size is known before a disk is written)."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    try:
+        if path is None:
+            buf = io.BytesIO()
+            fig.savefig(buf, dpi=dpi, format="png")
+            return buf.tell()
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+        return path.stat().st_size
+    finally:
+        plt.close(fig)
