@@ -489,13 +489,18 @@ class StepCost(ABC):
         if self.shape.two_batch_overlap:
             load = load * 0.5
         batch, kv, tokens = load[0], load[1], load[2]
-        verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
-        dense_max = float(self.decode_dense(batch, kv, verify).max())
+        dense_max = self.decode_dense_max(batch, kv, tokens)
         dense_max += self.tp_comm_s(float(tokens.max()), "decode")
         moe, comm = self.experts_and_exchange(
             float(tokens.max()), float(tokens.sum()), imbalance, "decode"
         )
         return self.compose_step(dense_max, moe, comm, "decode")
+
+    def decode_dense_max(self, batch: np.ndarray, kv: np.ndarray, tokens: np.ndarray) -> float:
+        """The slowest rank's :meth:`decode_dense` when each rank computes ``tokens`` tokens for
+        its ``batch`` sequences (verify = tokens / batch; 1 on an empty rank)."""
+        verify = np.divide(tokens, batch, out=np.ones_like(tokens), where=batch > 0)
+        return float(self.decode_dense(batch, kv, verify).max())
 
     def mixed_step(
         self,

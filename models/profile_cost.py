@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import fpmath
 from ..errors import ConfigError
+from ..jit import COMPILED, njit
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
@@ -126,6 +127,7 @@ class ProfileStepCost(StepCost):
         self._dec_vkv_tiled: dict[int, float] = {}  # verify tile -> e summed (DecodeCoef)
         self._dec_ctx = 0.0
         self._dec_query = 0.0
+        self._dec_packed: tuple[Any, ...] | None = None  # for the compiled decode_dense_max
         for kind, n in counts.items():
             c = coef_of(coefs.decode, kind, "decode")
             self._dec.append((n, c.w, c.b, c.tile, np.asarray(c.steps, dtype=float)))
@@ -246,6 +248,38 @@ class ProfileStepCost(StepCost):
             t = t + n * np.maximum(w, gemm_cost(tokens, b, tile, steps))
         return t
 
+    def decode_dense_max(self, batch: np.ndarray, kv: np.ndarray, tokens: np.ndarray) -> float:
+        if not COMPILED:
+            return super().decode_dense_max(batch, kv, tokens)
+        if self._dec_packed is None:
+            self._dec_packed = self._pack_decode()
+        return float(decode_dense_max_compiled(batch, kv, tokens, *self._dec_packed))
+
+    def _pack_decode(self) -> tuple[Any, ...]:
+        """:meth:`decode_dense`'s coefficients as :func:`decode_dense_max_compiled` takes
+        them (the tiled verify terms and the GEMM kinds in the order the reference adds them)."""
+        kinds = self._dec
+        longest = max([len(steps) for *_, steps in kinds], default=0)
+        table = np.zeros((len(kinds), max(1, longest)))
+        for i, (*_, steps) in enumerate(kinds):
+            table[i, : len(steps)] = steps
+        return (
+            self._dec_const,
+            self._dec_kv,
+            self._dec_seq,
+            self._dec_query,
+            self._dec_vkv,
+            np.array(list(self._dec_vkv_tiled), dtype=np.int64),
+            np.array(list(self._dec_vkv_tiled.values()), dtype=np.float64),
+            self._dec_ctx,
+            np.array([k[0] for k in kinds], dtype=np.int64),
+            np.array([k[1] for k in kinds], dtype=np.float64),
+            np.array([k[2] for k in kinds], dtype=np.float64),
+            np.array([k[3] for k in kinds], dtype=np.int64),
+            table,
+            np.array([len(k[4]) for k in kinds], dtype=np.int64),
+        )
+
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
             return 0.0
@@ -266,3 +300,58 @@ class ProfileStepCost(StepCost):
             else 0.0
         )
         return (a + self._moe_host[phase] + both) * self._moe_layers[phase]
+
+
+@njit
+def decode_dense_max_compiled(
+    batch: np.ndarray,
+    kv: np.ndarray,
+    tokens: np.ndarray,
+    const: float,
+    c_kv: float,
+    c_seq: float,
+    c_query: float,
+    c_vkv: float,
+    tiled_vt: np.ndarray,
+    tiled_e: np.ndarray,
+    c_ctx: float,
+    kind_layers: np.ndarray,
+    kind_w: np.ndarray,
+    kind_b: np.ndarray,
+    kind_tile: np.ndarray,
+    kind_steps: np.ndarray,
+    kind_nsteps: np.ndarray,
+) -> float:
+    """:meth:`ProfileStepCost.decode_dense_max` (``decode_dense`` over the ranks, then the
+    largest), compiled: per rank, the same operations in the same order as the reference."""
+    best = -math.inf
+    for i in range(batch.size):
+        b = batch[i]
+        verify = tokens[i] / b if b > 0 else 1.0
+        tok = b * verify
+        t = const + c_kv * kv[i] + c_seq * b
+        if c_query:
+            t = t + c_query * tok
+        if c_vkv:
+            t = t + c_vkv * verify * kv[i]
+        for m in range(tiled_vt.size):
+            vt = tiled_vt[m]
+            tv = verify if vt == 1 else np.ceil(verify / vt) * vt
+            t = t + tiled_e[m] * tv * kv[i]
+        if c_ctx:
+            t = t + c_ctx * (kv[i] / b if b > 0 else 0.0)
+        for g in range(kind_layers.size):
+            tile = kind_tile[g]
+            if tile == 1:
+                cost = kind_b[g] * tok
+            else:
+                k = np.ceil(tok / tile)
+                n = kind_nsteps[g]
+                if n and k <= n:
+                    cost = 0.0 if k < 1 else kind_steps[g, int(max(k, 1.0)) - 1]
+                else:
+                    cost = kind_b[g] * tile * k
+            t = t + kind_layers[g] * max(kind_w[g], cost)
+        if t > best:
+            best = t
+    return best

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from ...errors import ConfigError
 from ...scenario import EplbPool
@@ -172,6 +171,8 @@ def rebalance(
 
 def match_ranks(old: Placement, new: Placement, experts: int, nodes: int = 1) -> Placement:
     """Renumber ``new``'s ranks (within each node) to keep the most experts where they are."""
+    from scipy.optimize import linear_sum_assignment  # 0.4 s to import: only where it is used
+
     layers = new.phy2log.shape[0]
     ranks, spr = new.ranks, new.slots_per_rank
     old_has = old.rank_counts(experts)[:, :, :experts] > 0  # (L, R, E)

@@ -37,6 +37,7 @@ import numpy as np
 
 from ... import fpmath
 from ...errors import ConfigError
+from ...jit import COMPILED, exp, njit
 from ...models.draft import DraftCost
 from ...models.spec import ModelSpec
 from ...rng import beta, normal
@@ -192,26 +193,18 @@ class DSpark:
 
     def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
         hw = v.size
-        # Hot path (once per step): logistic(logit(q) + noise) over the group's drafts.
         noise = normal(self.rng, (self.depth, hw))
-        noise *= -self.sigma
-        noise -= chain.logit[:, :hw]
-        noise = fpmath.exp(noise)
-        noise += 1.0
-        conf = np.reciprocal(noise, out=noise)
-        use = conf
-        if self.lag:
-            slot = self.step % self.lag
-            old, valid = self.hist[slot, :, :hw], self.hist_valid[slot, :hw]
-            use = np.where(valid[None, :], old, conf)
-            old[:] = conf
-            valid[:] = live
+        slot = self.step % self.lag if self.lag else 0
+        args = (noise, self.sigma, chain.logit[:, :hw], self.lag > 0)
+        hist = (self.hist[slot, :, :hw], self.hist_valid[slot, :hw], live)
+        survival = (survival_compiled if COMPILED else survival_of)(*args, *hist)
         self.step += 1
-        survival = np.cumprod(use, axis=0)
-        survival *= live  # holes: nothing survives (survival >= 0, so this is exact)
         if self.threshold is None or self.step % self.retune_steps == 1 or self.retune_steps == 1:
             self.threshold = self._best_threshold(survival, int(live.sum()), step)
-        v[:] = (survival >= self.threshold).sum(axis=0)
+        if COMPILED:
+            count_at_least_compiled(survival, self.threshold, v)
+        else:
+            v[:] = (survival >= self.threshold).sum(axis=0)
 
     def _best_threshold(self, survival: np.ndarray, n_live: int, step_time: StepTime) -> float:
         """Threshold on survival that maximizes (B + Σ selected survival) / T(B + K)."""
@@ -228,6 +221,98 @@ class DSpark:
         rate = (n_live + m_sel) / (t0 + slope * k_sel)
         best = int(np.argmax(rate))
         return 2.0 if best == 0 else (HIST_BINS - best) / HIST_BINS
+
+
+def survival_of(
+    noise: np.ndarray,
+    sigma: float,
+    logit: np.ndarray,
+    lagged: bool,
+    old: np.ndarray,
+    valid: np.ndarray,
+    live: np.ndarray,
+) -> np.ndarray:
+    """(depth, slots) predicted survival of each draft: the confidence head's
+    logistic(logit(q) + σ·``noise``) (``noise`` is overwritten), multiplied down the chain,
+    zero for holes. ``lagged``: the confidences of ``lag`` steps ago (``old`` where ``valid``)
+    are used, and this step's are stored there. The numpy reference of
+    :func:`survival_compiled`."""
+    noise *= -sigma
+    noise -= logit
+    noise = fpmath.exp(noise)
+    noise += 1.0
+    conf = np.reciprocal(noise, out=noise)
+    use = conf
+    if lagged:
+        use = np.where(valid[None, :], old, conf)
+        old[:] = conf
+        valid[:] = live
+    survival = np.cumprod(use, axis=0)
+    survival *= live  # holes: nothing survives (survival >= 0, so this is exact)
+    return survival
+
+
+@njit
+def survival_compiled(
+    noise: np.ndarray,
+    sigma: float,
+    logit: np.ndarray,
+    lagged: bool,
+    old: np.ndarray,
+    valid: np.ndarray,
+    live: np.ndarray,
+) -> np.ndarray:
+    """:func:`survival_of`, compiled: the same operations in the same order."""
+    depth, hw = noise.shape
+    survival = np.empty((depth, hw))
+    for i in range(hw):
+        keep_old = lagged and valid[i]
+        s = 1.0
+        for j in range(depth):
+            c = 1.0 / (exp(noise[j, i] * -sigma - logit[j, i]) + 1.0)
+            u = old[j, i] if keep_old else c
+            if lagged:
+                old[j, i] = c
+            s = u if j == 0 else s * u
+            survival[j, i] = s
+        if lagged:
+            valid[i] = live[i]
+        if not live[i]:
+            for j in range(depth):
+                survival[j, i] = survival[j, i] * 0.0
+    return survival
+
+
+@njit
+def count_at_least_compiled(survival: np.ndarray, threshold: float, v: np.ndarray) -> None:
+    """v[i] = how many drafts of slot i survive at ``threshold`` or above."""
+    depth, hw = survival.shape
+    for i in range(hw):
+        n = 0
+        for j in range(depth):
+            if survival[j, i] >= threshold:
+                n += 1
+        v[i] = n
+
+
+@njit
+def accept_compiled(
+    survival: np.ndarray, u: np.ndarray, live: np.ndarray, v: np.ndarray, left: np.ndarray
+) -> np.ndarray:
+    """:meth:`DraftChain.accept` given its uniforms ``u``, capped at each slot's tokens
+    ``left`` as :meth:`SpecDecoder.accept` caps it, compiled."""
+    hw = u.size
+    emitted = np.zeros(hw, np.int64)
+    for i in range(hw):
+        if not live[i]:
+            continue
+        reached = 0
+        for j in range(survival.shape[0]):
+            if survival[j, i] > u[i]:
+                reached += 1
+        e = min(reached, v[i]) + 1
+        emitted[i] = min(e, max(left[i], 0))
+    return emitted
 
 
 # ---- registry ----------------------------------------------------------------------------------
@@ -323,8 +408,9 @@ class SpecDecoder:
     def accept(self, hw: int, live: np.ndarray, left: np.ndarray) -> np.ndarray:
         """Tokens each slot emits this step: leading accepted drafts among its v, plus one, at
         most what it has left."""
-        if self.policy.speculates:
-            emitted = self.chain.accept(live, self.v[:hw])
-        else:
-            emitted = live.astype(np.int64)
-        return np.minimum(emitted, np.maximum(left, 0))
+        if not self.policy.speculates:
+            return np.minimum(live.astype(np.int64), np.maximum(left, 0))
+        if not COMPILED:
+            return np.minimum(self.chain.accept(live, self.v[:hw]), np.maximum(left, 0))
+        u = self.chain.rng.random(hw)
+        return accept_compiled(self.chain.survival, u, live, self.v, left)

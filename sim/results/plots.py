@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from .downsample import downsample
 from .files import Output, atomic_write
@@ -43,6 +44,12 @@ def _cdf(ax, values, label: str) -> None:
 def _line(ax, ts, col: str, label: str) -> None:
     b = downsample(ts["t_s"], ts[col])
     ax.plot(b.t, b.mean, label=label)
+
+
+def _fixed_margins(fig: Any, top: float) -> None:
+    """Margins for a 13 × 3.6 in row of three panels: what tight_layout finds for these
+    labels, without its text measuring (half a 10-request run's wall time)."""
+    fig.subplots_adjust(left=0.055, right=0.99, bottom=0.14, top=top, wspace=0.24)
 
 
 def write_plots(result: Result, folder: Path) -> list[Path]:
@@ -105,12 +112,13 @@ def figures(result: Result) -> Iterator[tuple[str, Any]]:
                 limit, color="#b3261e", linestyle="--", linewidth=1.2, label=f"SLO {limit} s"
             )
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
         ax.set_xlabel(f"{title} (s)")
         ax.set_ylabel("fraction of requests")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{result.scenario.name}: latency CDFs")
-    fig.tight_layout()
+    _fixed_margins(fig, top=0.88)
     yield "latency_cdf.png", fig
 
     if not ts.empty:
@@ -133,5 +141,5 @@ def figures(result: Result) -> Iterator[tuple[str, Any]]:
             ax.set_xlabel("simulated time (s)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-        fig.tight_layout()
+        _fixed_margins(fig, top=0.91)
         yield "timeseries.png", fig

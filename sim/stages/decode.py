@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from ...jit import COMPILED, njit, pairwise_sum
 from ...models.cost import StepCost
 from ..core.requests import RequestTable, State
 from ..core.steploop import StepLoop
@@ -239,12 +240,10 @@ class DecodeGroup(StepLoop):
             costed = self._costed(load)
             self._draft_s = spec.draft.step_s(self.cost, costed[0], costed[1], self.imbalance)
         v = spec.choose(hw, live, self._step_time_with)
-        tokens = np.where(live, 1 + v, 0)
-        ranks = self.s_rank[:hw]
-        load[2] = np.bincount(ranks, weights=tokens, minlength=self.ep)
-        load[3] = np.bincount(ranks, weights=tokens * self.s_ctx[:hw], minlength=self.ep)
-        self.verify_sum += int(v[live].sum())
-        return tokens.astype(np.float64)
+        tokens = np.empty(hw)
+        args = (v, live, self.s_rank[:hw], self.s_ctx[:hw], load[2], load[3], tokens)
+        self.verify_sum += int((slot_tokens_compiled if COMPILED else slot_tokens)(*args))
+        return tokens
 
     def _with_speculation(self, step_s: float) -> float:
         """A decode step's seconds with speculative decoding's own: the policy's overhead and
@@ -259,13 +258,9 @@ class DecodeGroup(StepLoop):
         shuffling stall of a rebalance due now (0 otherwise)."""
         if self.experts is None:
             return 0.0
-        if self.classes == 1:
-            per_class = np.array([[tokens.sum()]])
-            sq = np.array([[(tokens * tokens).sum()]])
-        else:
-            cls = self.s_cls[: self.hw]
-            per_class = np.bincount(cls, weights=tokens, minlength=self.classes)[:, None]
-            sq = np.bincount(cls, weights=tokens * tokens, minlength=self.classes)[:, None]
+        per_class, sq = np.empty((self.classes, 1)), np.empty((self.classes, 1))
+        args = (tokens, self.s_cls[: self.hw], per_class, sq)
+        (routed_tokens_compiled if COMPILED else routed_tokens)(*args)
         self.imbalance, stall = self.experts.step(self.env.now, per_class, sq)
         return stall
 
@@ -313,14 +308,12 @@ class DecodeGroup(StepLoop):
         else:
             live = self.s_req[:hw] >= 0
             emitted = spec.accept(hw, live, left)
-            out = int(emitted.sum())
+            grown = np.zeros(self.ep)
+            args = (emitted, self.s_rank[:hw], self.s_ctx[:hw], left, self.kv, grown)
+            out = int((advance_compiled if COMPILED else advance)(*args))
             self.tokens_out += out
             self.step_tokens.append(out)
-            grown = np.bincount(self.s_rank[:hw], weights=emitted, minlength=self.ep)
-            self.kv += grown
             self.kv_admission.grow(self.reserved, grown)
-            self.s_ctx[:hw] += emitted
-            left -= emitted
         idx = np.flatnonzero(left <= 0)
         if idx.size:
             self._retire(idx, now, k)
@@ -481,3 +474,118 @@ class DecodeGroup(StepLoop):
         if int(self.batch.sum()) != self.n or int((self.s_req[: self.hw] >= 0).sum()) != self.n:
             errs.append(f"decode group {self.idx}: per-rank batch does not match running slots")
         return errs
+
+
+def advance(
+    emitted: np.ndarray,
+    rank: np.ndarray,
+    ctx: np.ndarray,
+    left: np.ndarray,
+    kv: np.ndarray,
+    grown: np.ndarray,
+) -> int:
+    """Slots emitted ``emitted`` tokens: their context grows and their tokens ``left`` fall by
+    that many, each rank's ``kv`` grows by its slots' sum (also written into ``grown``, zeros
+    on entry); returns the tokens emitted. The numpy reference of :func:`advance_compiled`."""
+    grown += np.bincount(rank, weights=emitted, minlength=kv.size)
+    kv += grown
+    ctx += emitted
+    left -= emitted
+    return int(emitted.sum())
+
+
+@njit
+def advance_compiled(
+    emitted: np.ndarray,
+    rank: np.ndarray,
+    ctx: np.ndarray,
+    left: np.ndarray,
+    kv: np.ndarray,
+    grown: np.ndarray,
+) -> int:
+    """:func:`advance`, compiled: the same sums in the same order."""
+    out = 0
+    for i in range(emitted.size):
+        e = emitted[i]
+        grown[rank[i]] += e
+        ctx[i] += e
+        left[i] -= e
+        out += e
+    for r in range(kv.size):
+        kv[r] += grown[r]
+    return out
+
+
+def slot_tokens(
+    v: np.ndarray,
+    live: np.ndarray,
+    rank: np.ndarray,
+    ctx: np.ndarray,
+    rank_tokens: np.ndarray,
+    rank_kv_tokens: np.ndarray,
+    tokens: np.ndarray,
+) -> int:
+    """A speculative step's tokens per slot (1 + its ``v`` verified drafts, 0 for a hole) into
+    ``tokens``, and per rank their sum and their context-weighted sum (``rank_tokens``,
+    ``rank_kv_tokens``, overwritten); returns the drafts verified. The numpy reference of
+    :func:`slot_tokens_compiled`."""
+    counts = np.where(live, 1 + v, 0)
+    rank_tokens[:] = np.bincount(rank, weights=counts, minlength=rank_tokens.size)
+    rank_kv_tokens[:] = np.bincount(rank, weights=counts * ctx, minlength=rank_tokens.size)
+    tokens[:] = counts
+    return int(v[live].sum())
+
+
+@njit
+def slot_tokens_compiled(
+    v: np.ndarray,
+    live: np.ndarray,
+    rank: np.ndarray,
+    ctx: np.ndarray,
+    rank_tokens: np.ndarray,
+    rank_kv_tokens: np.ndarray,
+    tokens: np.ndarray,
+) -> int:
+    """:func:`slot_tokens`, compiled: the same sums in the same order."""
+    rank_tokens[:] = 0.0
+    rank_kv_tokens[:] = 0.0
+    verified = 0
+    for i in range(v.size):
+        n = 1 + v[i] if live[i] else 0
+        if live[i]:
+            verified += v[i]
+        rank_tokens[rank[i]] += n
+        rank_kv_tokens[rank[i]] += n * ctx[i]
+        tokens[i] = n
+    return verified
+
+
+def routed_tokens(
+    tokens: np.ndarray, cls: np.ndarray, per_class: np.ndarray, sq: np.ndarray
+) -> None:
+    """Each traffic class's routed tokens of a step and their squares' sum, from the slots'
+    ``tokens`` and classes ``cls``, into ``per_class`` and ``sq`` ((classes, 1)). The numpy
+    reference of :func:`routed_tokens_compiled`."""
+    if per_class.shape[0] == 1:
+        per_class[0, 0] = tokens.sum()
+        sq[0, 0] = (tokens * tokens).sum()
+    else:
+        per_class[:, 0] = np.bincount(cls, weights=tokens, minlength=per_class.shape[0])
+        sq[:, 0] = np.bincount(cls, weights=tokens * tokens, minlength=per_class.shape[0])
+
+
+@njit
+def routed_tokens_compiled(
+    tokens: np.ndarray, cls: np.ndarray, per_class: np.ndarray, sq: np.ndarray
+) -> None:
+    """:func:`routed_tokens`, compiled: numpy's pairwise sums for one class, index order for
+    several (as ``np.bincount`` adds)."""
+    if per_class.shape[0] == 1:
+        per_class[0, 0] = pairwise_sum(tokens)
+        sq[0, 0] = pairwise_sum(tokens * tokens)
+        return
+    per_class[:] = 0.0
+    sq[:] = 0.0
+    for i in range(tokens.size):
+        per_class[cls[i], 0] += tokens[i]
+        sq[cls[i], 0] += tokens[i] * tokens[i]

@@ -19,6 +19,7 @@ placement are recomputed only when either changes.
 
 from __future__ import annotations
 
+import math
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from typing import Literal
 
 import numpy as np
 
+from ...jit import COMPILED, njit, pairwise_sum
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
 from ...rng import normal
@@ -86,7 +88,6 @@ class GroupExperts:
         self.shape = shape
         self.rng = rng
         self.placer = make_expert_placement(policy, shape)
-        self._one_set = not shape.layer_set.any()  # every MoE layer runs the step's tokens
         layers, experts = load.layers, load.experts
         static = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
         self.placement = self.placer.initial(static, load.mean_popularity)
@@ -145,32 +146,11 @@ class GroupExperts:
     def _sample(self, tokens: np.ndarray, sq_tokens: np.ndarray) -> float:
         self._refresh()
         share, q2, bias = self._moments
-        k = self.load.top_k
-        sets = self.shape.layer_set
-        if share.shape[0] == 1 and self._one_set:  # decode: one class, every layer alike
-            t = tokens[0, 0] * k  # token-choices per layer
-            mean = share[0] * t
-            var = q2[0] * t
-            var += bias[0] * (sq_tokens[0, 0] * (k * k))
-        elif share.shape[0] == 1:  # one traffic class: skip the sums over classes
-            t1 = (tokens[0, sets] * k)[:, None]  # (L, 1) token-choices per layer
-            mean = share[0] * t1
-            var = q2[0] * t1
-            var += bias[0] * (sq_tokens[0, sets] * (k * k))[:, None]
-        else:
-            t = (tokens[:, sets] * k)[:, :, None]  # (C, L, 1)
-            h = (sq_tokens[:, sets] * (k * k))[:, :, None]
-            mean = (t * share).sum(axis=0)
-            var = (t * q2 + h * bias).sum(axis=0)
-        z = normal(self.rng, mean.shape)
-        loads = np.sqrt(var, out=var)  # the (L, R) loads, built in place
-        loads *= z
-        loads += mean
-        np.maximum(loads, 0.0, out=loads)
-        total = loads.sum()
-        if total <= 0:
-            return 1.0
-        return float(loads.max(axis=1).sum() * self.shape.ranks / total)
+        z = normal(self.rng, share.shape[1:])
+        args = (share, q2, bias, tokens, sq_tokens, self.shape.layer_set, self.load.top_k, z)
+        if COMPILED:
+            return float(imbalance_factor_compiled(*args))
+        return imbalance_factor(*args)
 
     def window_loads(self) -> np.ndarray:
         """(L, E) expert loads over the statistics window, sampled in aggregate."""
@@ -233,3 +213,83 @@ class GroupExperts:
             "moved_experts": self.moved_experts,
             "stall_s": self.stall_total_s,
         }
+
+
+def imbalance_factor(
+    share: np.ndarray,
+    q2: np.ndarray,
+    bias: np.ndarray,
+    tokens: np.ndarray,
+    sq_tokens: np.ndarray,
+    sets: np.ndarray,
+    k: int,
+    z: np.ndarray,
+) -> float:
+    """Σ_layers max_r / Σ_layers mean_r of one step's (L, R) expert loads: each load is its
+    mean plus sqrt(variance) × ``z`` (standard normals, (L, R)), floored at 0. The moments per
+    traffic class (``share``, ``q2``, ``bias``: (C, L, R)) are scaled by the class's routed
+    token-choices (``tokens`` × top-``k``) and its requests' squared tokens (``sq_tokens``),
+    both (C, layer sets), taken at each layer's set ``sets``. The numpy reference of
+    :func:`imbalance_factor_compiled`."""
+    if share.shape[0] == 1:  # one traffic class: skip the sums over classes
+        t1 = (tokens[0, sets] * k)[:, None]  # (L, 1) token-choices per layer
+        mean = share[0] * t1
+        var = q2[0] * t1
+        var += bias[0] * (sq_tokens[0, sets] * (k * k))[:, None]
+    else:
+        t = (tokens[:, sets] * k)[:, :, None]  # (C, L, 1)
+        h = (sq_tokens[:, sets] * (k * k))[:, :, None]
+        mean = (t * share).sum(axis=0)
+        var = (t * q2 + h * bias).sum(axis=0)
+    loads = np.sqrt(var, out=var)  # the (L, R) loads, built in place
+    loads *= z
+    loads += mean
+    np.maximum(loads, 0.0, out=loads)
+    total = loads.sum()
+    if total <= 0:
+        return 1.0
+    return float(loads.max(axis=1).sum() * share.shape[2] / total)
+
+
+@njit
+def imbalance_factor_compiled(
+    share: np.ndarray,
+    q2: np.ndarray,
+    bias: np.ndarray,
+    tokens: np.ndarray,
+    sq_tokens: np.ndarray,
+    sets: np.ndarray,
+    k: int,
+    z: np.ndarray,
+) -> float:
+    """:func:`imbalance_factor`, compiled: the same operations in the same order."""
+    classes, layers, ranks = share.shape
+    kk = k * k
+    loads = np.empty((layers, ranks))
+    for lay in range(layers):
+        s = sets[lay]
+        for r in range(ranks):
+            t = tokens[0, s] * k
+            mean = share[0, lay, r] * t
+            var = q2[0, lay, r] * t
+            if classes == 1:
+                var += bias[0, lay, r] * (sq_tokens[0, s] * kk)
+            else:
+                var = var + (sq_tokens[0, s] * kk) * bias[0, lay, r]
+                for c in range(1, classes):
+                    tc = tokens[c, s] * k
+                    mean += tc * share[c, lay, r]
+                    var += tc * q2[c, lay, r] + (sq_tokens[c, s] * kk) * bias[c, lay, r]
+            x = math.sqrt(var) * z[lay, r] + mean
+            loads[lay, r] = x if x > 0.0 else 0.0
+    total = pairwise_sum(loads)
+    if total <= 0:
+        return 1.0
+    peak = np.empty(layers)
+    for lay in range(layers):
+        m = loads[lay, 0]
+        for r in range(1, ranks):
+            if loads[lay, r] > m:
+                m = loads[lay, r]
+        peak[lay] = m
+    return pairwise_sum(peak) * ranks / total

@@ -1,7 +1,8 @@
 """What one process computes, as digests: the stock numeric stack's own functions (numpy's SIMD
-transcendentals, glibc's libm, BLAS), this project's portable ones (fpmath, rng) and the golden
-hashes of the given cases. tests/integration/test_portability.py runs it under several CPU
-configurations and compares. ``python tests/golden/probe.py [CASE ...]`` prints one JSON object.
+transcendentals, glibc's libm, BLAS), this project's portable ones (fpmath, rng, the compiled
+steps' helpers in jit) and the golden hashes of the given cases.
+tests/integration/test_portability.py runs it under several CPU configurations and compares.
+``python tests/golden/probe.py [CASE ...]`` prints one JSON object.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer_sim import fpmath
+from deepinfer_sim import fpmath, jit
 from deepinfer_sim import rng as draws
 
 
@@ -63,6 +64,8 @@ def ours() -> dict[str, str]:
         "rng beta": digest([draws.beta(g, 0.4, 2.0) for _ in range(5_000)]),
         "rng dirichlet": digest(draws.log_dirichlet(g, np.full(64, 0.2), 200)),
         "rng weibull": digest(draws.weibull(g, 1.5, 100_000)),
+        "jit exp": digest([jit.exp(v) for v in x[:20_000].tolist()]),
+        "jit pairwise sum": digest([jit.pairwise_sum(x[: 97 * n]) for n in range(1, 200)]),
     }
 
 

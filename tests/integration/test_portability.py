@@ -17,7 +17,9 @@ machine, in the last bits, from three places:
 
 The simulator now takes none of these on its path: deepinfer_sim.fpmath (exp, log, power, cos,
 small matrix products and least squares from correctly rounded arithmetic) and
-deepinfer_sim.rng (draws finished with fpmath). This test runs tests/golden/probe.py under each
+deepinfer_sim.rng (draws finished with fpmath); the compiled step functions (numba, without
+fast-math) repeat numpy's order of operations, and are also checked built for a generic CPU.
+This test runs tests/golden/probe.py under each
 switch: the stack's own functions may change (and on a CPU with FMA the glibc switch must
 change them, showing the switch works); this project's functions and the golden hashes must not.
 """
@@ -71,6 +73,8 @@ CONFIGS = {
     "numpy's SIMD targets off": {"NPY_DISABLE_CPU_FEATURES": numpy_dispatch_off()},
     "glibc's AVX2/FMA/AVX-512 paths off": {"GLIBC_TUNABLES": GLIBC_OFF},
     "OpenBLAS's oldest kernel": {"OPENBLAS_CORETYPE": "Prescott"},
+    # the compiled steps (numba) built for a plain x86-64 CPU: no AVX, no FMA units to use
+    "numba's generic x86-64 target": {"NUMBA_CPU_NAME": "generic"},
 }
 
 

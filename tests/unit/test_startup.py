@@ -19,7 +19,7 @@ from deepinfer_sim.traces import read_mooncake, read_trace, resolve_trace_path
 from deepinfer_sim.traces._cache import cache_path, cached_columns
 from deepinfer_sim.traces.readers.mooncake import mooncake_columns
 
-HEAVY = ("matplotlib", "scipy", "pandas", "pyarrow", "rich", "torch", "ray")
+HEAVY = ("matplotlib", "scipy", "pandas", "pyarrow", "rich", "torch", "ray", "numba")
 
 _STARTUP = """
 import json, sys

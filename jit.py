@@ -1,0 +1,188 @@
+"""Compiled step arithmetic (numba): the decorator, and the two pieces of numpy's arithmetic a
+compiled step must repeat bit for bit.
+
+A step's arithmetic is compiled where numpy's per-call dispatch (about a microsecond a call)
+outweighs the work on a step's few hundred values (DESIGN.md). Each compiled function sits
+beside the stage it serves, next to the plain-numpy version it replaces, which stays the
+readable reference; tests hold the two to the same bits, and ``DEEPINFER_JIT=0`` runs the
+references instead (``COMPILED``).
+
+Bit for bit means the same IEEE operations in the same order:
+
+- numba compiles without fast-math, so LLVM neither fuses a multiply and an add into an FMA nor
+  reorders a sum (the results do not depend on the CPU, as :mod:`deepinfer_sim.fpmath` requires);
+- numpy sums a float array pairwise (:func:`pairwise_sum` repeats its order), and
+  ``np.bincount`` with weights adds in index order, as a plain loop does;
+- the C library's ``exp`` is not used: :func:`exp` is :func:`deepinfer_sim.fpmath.exp`'s
+  algorithm, operation for operation.
+
+Compiled functions are cached on disk beside their module (numba's ``cache=True``), so only a
+machine's first run compiles them (a few seconds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
+
+import numpy as np
+
+from . import fpmath
+
+__all__ = ["COMPILED", "exp", "njit", "pairwise_sum"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+COMPILED = os.environ.get("DEEPINFER_JIT", "1") != "0"
+"""Whether stages call their compiled step functions (``DEEPINFER_JIT=0``: the numpy
+references, for checking one against the other)."""
+
+
+def njit(fn: F) -> F:
+    """``numba.njit`` as every step function here uses it: no fast-math (IEEE order kept),
+    numpy's error model (a division by zero gives inf or nan, as numpy's does), cached on disk.
+
+    numba (and the scipy it imports) costs ~0.4 s to import, so it is imported at the first
+    call of any compiled function, not when a module defines one: until then each is a
+    :class:`_Deferred` stand-in, and that first call swaps every stand-in, wherever a module
+    bound it, for its numba dispatcher (a compiled function calls others by their global name,
+    which must be a dispatcher by then)."""
+    return _Deferred(fn)  # type: ignore[return-value]
+
+
+class _Deferred:
+    """A compiled function before numba is imported (see :func:`njit`)."""
+
+    registry: ClassVar[list[_Deferred]] = []
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.dispatcher: Callable[..., Any] | None = None
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+        _Deferred.registry.append(self)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.dispatcher is None:
+            _compile_all()
+        assert self.dispatcher is not None
+        return self.dispatcher(*args)
+
+
+def _compile_all() -> None:
+    """Give every stand-in its dispatcher and rebind the stand-ins in every loaded module of
+    this package to them (numba compiles each at its first call, from the disk cache if
+    there)."""
+    import sys
+
+    import numba
+
+    for d in _Deferred.registry:
+        if d.dispatcher is None:
+            d.dispatcher = numba.njit(cache=True, error_model="numpy", fastmath=False)(d.fn)
+    swap = {id(d): d.dispatcher for d in _Deferred.registry}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == __package__ or name.startswith(f"{__package__}.")):
+            continue
+        space = vars(module)
+        for key, value in list(space.items()):
+            if isinstance(value, _Deferred):
+                space[key] = swap[id(value)]
+
+
+_PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE
+
+
+@njit
+def _pairwise_block(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise_sum over a[lo:lo + n] for n <= 128 (one block, no split)."""
+    if n < 8:
+        res = 0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - (n % 8):
+        j = lo + i
+        r0 += a[j]
+        r1 += a[j + 1]
+        r2 += a[j + 2]
+        r3 += a[j + 3]
+        r4 += a[j + 4]
+        r5 += a[j + 5]
+        r6 += a[j + 6]
+        r7 += a[j + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit
+def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise_sum over a[lo:lo + n] (numpy/_core/src/umath/loops_utils.h.src): blocks
+    of at most 128, halves (rounded down to 8) added as numpy's recursion adds them. An explicit
+    stack, since numba cannot cache a recursive function."""
+    if n <= _PAIRWISE_BLOCK:
+        return _pairwise_block(a, lo, n)
+    starts = np.empty(192, np.int64)
+    sizes = np.empty(192, np.int64)
+    combine = np.empty(192, np.bool_)
+    values = np.empty(64)
+    top = 0
+    nv = 0
+    starts[0], sizes[0], combine[0] = lo, n, False
+    top = 1
+    while top:
+        top -= 1
+        start, size = starts[top], sizes[top]
+        if combine[top]:  # both halves are done: left + right
+            nv -= 1
+            values[nv - 1] = values[nv - 1] + values[nv]
+        elif size <= _PAIRWISE_BLOCK:
+            values[nv] = _pairwise_block(a, start, size)
+            nv += 1
+        else:
+            half = size // 2
+            half -= half % 8
+            starts[top], sizes[top], combine[top] = start, size, True
+            starts[top + 1], sizes[top + 1], combine[top + 1] = start + half, size - half, False
+            starts[top + 2], sizes[top + 2], combine[top + 2] = start, half, False
+            top += 3
+    return values[0]
+
+
+@njit
+def pairwise_sum(a: np.ndarray) -> float:
+    """``a.sum()`` of a contiguous float64 array, in numpy's order (pairwise, 8 lanes)."""
+    flat = a.ravel()
+    return _pairwise(flat, 0, flat.size)
+
+
+_LN2_HI = fpmath._LN2_HI
+_LN2_LO = fpmath._LN2_LO
+_INV_LN2 = fpmath._INV_LN2
+_P1, _P2, _P3, _P4, _P5 = fpmath._P1, fpmath._P2, fpmath._P3, fpmath._P4, fpmath._P5
+_EXP_CLIP = fpmath._EXP_CLIP
+
+
+@njit
+def exp(x: float) -> float:
+    """:func:`deepinfer_sim.fpmath.exp` of one float, the same operations in the same order."""
+    if x != x:
+        return x
+    x = min(max(x, -_EXP_CLIP), _EXP_CLIP)
+    kf = np.rint(x * _INV_LN2)
+    hi = x - kf * _LN2_HI
+    lo = kf * _LN2_LO
+    r = hi - lo
+    t = r * r
+    c = r - t * (_P1 + t * (_P2 + t * (_P3 + t * (_P4 + t * _P5))))
+    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
+    return math.ldexp(y, int(kf))

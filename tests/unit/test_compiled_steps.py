@@ -1,0 +1,221 @@
+"""The compiled step functions give the same bits as their numpy references (DESIGN.md: a
+compiled step keeps its plain-numpy version as the readable, tested reference).
+
+Each pair is fed the same random inputs over the shapes the simulator meets (one or several
+traffic classes, layer sets, ranks, draft depths, holes, lagged confidences) and compared with
+``==``, not a tolerance: the goldens hold bit for bit only if these do. The last test runs a
+whole small scenario both ways (``DEEPINFER_JIT=0`` in a child process) and compares every
+request's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from deepinfer_sim import fpmath, jit, load_scenario
+from deepinfer_sim.models.profile_cost import ProfileStepCost
+from deepinfer_sim.models.registry import load_hardware, load_model
+from deepinfer_sim.sim.core.assemble import make_step_cost
+from deepinfer_sim.sim.policies.speculative import (
+    DraftChain,
+    accept_compiled,
+    survival_compiled,
+    survival_of,
+)
+from deepinfer_sim.sim.stages.decode import (
+    advance,
+    advance_compiled,
+    routed_tokens,
+    routed_tokens_compiled,
+    slot_tokens,
+    slot_tokens_compiled,
+)
+from deepinfer_sim.sim.stages.expert_parallel import imbalance_factor, imbalance_factor_compiled
+
+SIZES = [*range(0, 300), 511, 512, 513, 1000, 2560, 4096, 10_000]
+
+
+def test_pairwise_sum_is_numpys_sum_bit_for_bit() -> None:
+    rng = np.random.default_rng(1)
+    for n in SIZES:
+        a = rng.standard_normal(n) * 10.0 ** rng.uniform(-5, 5, n)
+        assert jit.pairwise_sum(a) == a.sum(), n
+    for shape in [(40, 64), (61, 8), (3, 5), (40, 256), (5, 3840)]:
+        a = rng.standard_normal(shape) * 1e3
+        assert jit.pairwise_sum(a) == a.sum(), shape
+        assert jit.pairwise_sum(a.max(axis=1)) == a.max(axis=1).sum(), shape
+
+
+def test_pairwise_sum_sees_the_order() -> None:
+    """A plain left-to-right loop would not pass the test above: the order is numpy's."""
+    a = np.random.default_rng(2).standard_normal(1000) * 1e6
+    plain = 0.0
+    for x in a.tolist():
+        plain += x
+    assert plain != a.sum()
+
+
+def test_exp_is_fpmaths_exp_bit_for_bit() -> None:
+    x = np.random.default_rng(3).uniform(-60, 60, 20_000)
+    x[:4] = [0.0, -0.0, 1e-300, -745.0]
+    want = fpmath.exp(x)
+    got = np.array([jit.exp(float(v)) for v in x])
+    assert np.array_equal(got, want)
+    assert np.isnan(jit.exp(float("nan")))
+
+
+def test_imbalance_factor_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        classes, layers = int(rng.integers(1, 4)), int(rng.integers(1, 62))
+        ranks, sets = int(rng.choice([2, 8, 16, 64, 72, 256])), int(rng.integers(1, 3))
+        share = rng.dirichlet(np.ones(ranks), size=(classes, layers))
+        q2 = share * rng.uniform(0.5, 1.0, share.shape)
+        bias = rng.uniform(0.0, 1e-3, share.shape)
+        tokens = rng.uniform(0, 5000, (classes, sets))
+        tokens[rng.random(tokens.shape) < 0.1] = 0.0
+        sq = tokens * rng.uniform(1, 300, tokens.shape)
+        layer_set = rng.integers(0, sets, layers)
+        k, z = int(rng.integers(1, 9)), rng.standard_normal((layers, ranks))
+        args = (share, q2, bias, tokens, sq, layer_set, k, z)
+        assert imbalance_factor_compiled(*args) == imbalance_factor(*args)
+
+
+def _draft_inputs(rng: np.random.Generator) -> tuple:
+    depth, cap = int(rng.integers(1, 8)), int(rng.integers(1, 400))
+    hw = int(rng.integers(1, cap + 1))
+    logit = rng.normal(0.0, 3.0, (depth, cap))[:, :hw]
+    noise = rng.standard_normal((depth, hw))
+    live = rng.random(hw) < 0.8
+    hist = rng.random((2, depth, cap))
+    valid = rng.random((2, cap)) < 0.5
+    return depth, cap, hw, logit, noise, live, hist, valid
+
+
+def test_survival_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(4)
+    for trial in range(200):
+        _, _, hw, logit, noise, live, hist, valid = _draft_inputs(rng)
+        lagged = trial % 2 == 0
+        h1, v1, h2, v2 = hist.copy(), valid.copy(), hist.copy(), valid.copy()
+        want = survival_of(noise.copy(), 0.7, logit, lagged, h1[1, :, :hw], v1[1, :hw], live)
+        got = survival_compiled(noise.copy(), 0.7, logit, lagged, h2[1, :, :hw], v2[1, :hw], live)
+        assert np.array_equal(got, want)
+        assert np.array_equal(h1, h2) and np.array_equal(v1, v2)  # the lag ring too
+
+
+def test_accept_compiled_is_the_chains_accept_capped() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        depth, cap, hw, _, _, live, _, _ = _draft_inputs(rng)
+        chain = DraftChain(classes=[], depth=depth, capacity=cap, rng=np.random.default_rng(9))
+        chain.survival[:] = np.cumprod(rng.random((depth, cap)), axis=0)
+        v = rng.integers(0, depth + 1, cap)
+        left = rng.integers(-2, 6, hw)
+        want = np.minimum(chain.accept(live, v[:hw]), np.maximum(left, 0))
+        u = np.random.default_rng(9).random(hw)  # the uniforms chain.accept drew
+        assert np.array_equal(accept_compiled(chain.survival, u, live, v, left), want)
+
+
+def test_advance_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(6)
+    for _ in range(200):
+        ranks, hw = int(rng.integers(1, 72)), int(rng.integers(0, 500))
+        emitted = rng.integers(0, 6, hw)
+        rank = rng.integers(0, ranks, hw)
+        ctx, left = rng.integers(0, 10_000, hw), rng.integers(0, 500, hw)
+        kv = rng.uniform(0, 1e6, ranks)
+        state = [emitted, rank, ctx, left, kv, np.zeros(ranks)]
+        ref = [a.copy() for a in state]
+        assert advance_compiled(*state) == advance(*ref)
+        for a, b in zip(state, ref, strict=True):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # V4.1-Flash: two attention kinds, GEMM staircases
+        ["model=deepseek-v3", "pools.decode.tp=8", "pools.decode.ep=8"],  # tiled verify, linear
+        ["model=deepseek-v3", "pools.decode.tp=4", "pools.decode.ep=16"],
+    ],
+)
+def test_decode_dense_max_compiled_is_the_reference(overrides: list[str], monkeypatch) -> None:
+    """The profile cost model's compiled slowest-rank time against its numpy decode_dense,
+    over ranks with empty slots, verify lengths and the fits' GEMM staircases."""
+    sc = load_scenario("default", overrides)
+    model, hw = load_model(sc.model), load_hardware(sc.hardware_kinds()["decode"])
+    pool = sc.pools.decode
+    cost = make_step_cost(sc, "decode", model, hw, pool.ep, pool.redundant_per_gpu)
+    assert isinstance(cost, ProfileStepCost)
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        batch = rng.integers(0, 200, pool.ep).astype(float)
+        batch[rng.random(pool.ep) < 0.2] = 0.0
+        tokens = batch * rng.choice([1.0, 2.0, 3.4, 6.0], pool.ep)
+        kv = batch * rng.uniform(0, 20_000, pool.ep)
+        compiled = cost.decode_dense_max(batch, kv, tokens)
+        monkeypatch.setattr("deepinfer_sim.models.profile_cost.COMPILED", False)
+        reference = cost.decode_dense_max(batch, kv, tokens)
+        monkeypatch.setattr("deepinfer_sim.models.profile_cost.COMPILED", True)
+        assert compiled == reference
+
+
+RUN = """
+import hashlib, json, sys
+from deepinfer_sim import load_scenario, simulate
+from deepinfer_sim.jit import COMPILED
+r = simulate(load_scenario("default", ["workload.max_requests=300"]))
+cols = ["ttft_s", "tpot_s", "e2e_s", "output_tokens"]
+digest = hashlib.sha256(r.requests[cols].to_numpy(dtype=float).tobytes()).hexdigest()
+print(json.dumps({"compiled": COMPILED, "digest": digest, "events": r.summary["sim"]["events"]}))
+"""
+
+
+def test_a_run_is_the_same_compiled_or_not() -> None:
+    out = {}
+    for flag in ("1", "0"):
+        env = {**os.environ, "DEEPINFER_JIT": flag}
+        done = subprocess.run(
+            [sys.executable, "-c", RUN], env=env, capture_output=True, text=True, check=True
+        )
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        assert row["compiled"] == (flag == "1")
+        out[flag] = row
+    assert out["1"]["digest"] == out["0"]["digest"]
+    assert out["1"]["events"] == out["0"]["events"]
+
+
+def test_slot_tokens_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        ranks, hw = int(rng.integers(1, 72)), int(rng.integers(0, 500))
+        v, live = rng.integers(0, 6, hw), rng.random(hw) < 0.85
+        rank, ctx = rng.integers(0, ranks, hw), rng.integers(0, 100_000, hw)
+        want = [rng.random(ranks), rng.random(ranks), np.empty(hw)]
+        got = [a.copy() for a in want]
+        assert slot_tokens_compiled(v, live, rank, ctx, *got) == slot_tokens(
+            v, live, rank, ctx, *want
+        )
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_routed_tokens_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(9)
+    for _ in range(200):
+        classes, hw = int(rng.integers(1, 4)), int(rng.integers(0, 3000))
+        tokens = rng.integers(0, 7, hw).astype(float)
+        cls = rng.integers(0, classes, hw)
+        want = [np.empty((classes, 1)), np.empty((classes, 1))]
+        got = [np.empty((classes, 1)), np.empty((classes, 1))]
+        routed_tokens(tokens, cls, *want)
+        routed_tokens_compiled(tokens, cls, *got)
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(a, b)
