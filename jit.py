@@ -13,8 +13,8 @@ Bit for bit means the same IEEE operations in the same order:
   reorders a sum (the results do not depend on the CPU, as :mod:`deepinfer_sim.fpmath` requires);
 - numpy sums a float array pairwise (:func:`pairwise_sum` repeats its order), and
   ``np.bincount`` with weights adds in index order, as a plain loop does;
-- the C library's ``exp`` is not used: :func:`exp` is :func:`deepinfer_sim.fpmath.exp`'s
-  algorithm, operation for operation.
+- the C library's ``exp`` and ``log`` are not used: :func:`exp` and :func:`log` are
+  :mod:`deepinfer_sim.fpmath`'s algorithms, operation for operation.
 
 Compiled functions are cached on disk beside their module (numba's ``cache=True``), so only a
 machine's first run compiles them (a few seconds).
@@ -31,7 +31,7 @@ import numpy as np
 
 from . import fpmath
 
-__all__ = ["COMPILED", "exp", "njit", "pairwise_sum"]
+__all__ = ["COMPILED", "exp", "log", "njit", "pairwise_sum"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -170,6 +170,9 @@ _LN2_LO = fpmath._LN2_LO
 _INV_LN2 = fpmath._INV_LN2
 _P1, _P2, _P3, _P4, _P5 = fpmath._P1, fpmath._P2, fpmath._P3, fpmath._P4, fpmath._P5
 _EXP_CLIP = fpmath._EXP_CLIP
+_SQRT_HALF = fpmath._SQRT_HALF
+_LG1, _LG2, _LG3, _LG4 = fpmath._LG1, fpmath._LG2, fpmath._LG3, fpmath._LG4
+_LG5, _LG6, _LG7 = fpmath._LG5, fpmath._LG6, fpmath._LG7
 
 
 @njit
@@ -186,3 +189,25 @@ def exp(x: float) -> float:
     c = r - t * (_P1 + t * (_P2 + t * (_P3 + t * (_P4 + t * _P5))))
     y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
     return math.ldexp(y, int(kf))
+
+
+@njit
+def log(x: float) -> float:
+    """:func:`deepinfer_sim.fpmath.log` of one float, the same operations in the same order."""
+    if x != x or x == math.inf:
+        return x
+    if x <= 0.0:
+        return -math.inf if x == 0.0 else math.nan
+    m, e = math.frexp(x)  # x = m * 2^e, m in [0.5, 1)
+    if m < _SQRT_HALF:
+        m += m
+        e -= 1
+    f = m - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
+    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
+    r = t2 + t1
+    hfsq = 0.5 * f * f
+    return e * _LN2_HI - ((hfsq - (s * (hfsq + r) + e * _LN2_LO)) - f)

@@ -37,7 +37,7 @@ import numpy as np
 
 from ... import fpmath
 from ...errors import ConfigError
-from ...jit import COMPILED, exp, njit
+from ...jit import COMPILED, exp, log, njit
 from ...models.draft import DraftCost
 from ...models.spec import ModelSpec
 from ...rng import beta, normal
@@ -88,13 +88,8 @@ class DraftChain:
         alpha = beta(self.rng, a, b)
         self.alpha[slot] = alpha
         self.cls[slot] = traffic_class
-        q = [min(1.0, max(0.0, alpha * d)) for d in self.decay[traffic_class].tolist()]
-        s = 1.0
-        for j, qj in enumerate(q):
-            s *= qj
-            self.survival[j, slot] = s
-            qc = min(1 - 1e-6, max(1e-6, qj))
-            self.logit[j, slot] = fpmath.log(qc / (1.0 - qc))
+        args = (alpha, self.decay[traffic_class], self.survival[:, slot], self.logit[:, slot])
+        (chain_slot_compiled if COMPILED else chain_slot)(*args)
 
     def accept(self, live: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Tokens each slot emits when it verifies ``v`` drafts: its leading accepted ones, plus
@@ -221,6 +216,34 @@ class DSpark:
         rate = (n_live + m_sel) / (t0 + slope * k_sel)
         best = int(np.argmax(rate))
         return 2.0 if best == 0 else (HIST_BINS - best) / HIST_BINS
+
+
+def chain_slot(alpha: float, decay: np.ndarray, survival: np.ndarray, logit: np.ndarray) -> None:
+    """A new sequence's draft chain: each position's acceptance q_j = α·decay_j (clipped to
+    [0, 1]), its true survival (the product of the q's up to it) and the logit the confidence
+    head centres on, written into ``survival`` and ``logit`` (one slot's column). The
+    reference of :func:`chain_slot_compiled`."""
+    q = [min(1.0, max(0.0, alpha * d)) for d in decay.tolist()]
+    s = 1.0
+    for j, qj in enumerate(q):
+        s *= qj
+        survival[j] = s
+        qc = min(1 - 1e-6, max(1e-6, qj))
+        logit[j] = fpmath.log(qc / (1.0 - qc))
+
+
+@njit
+def chain_slot_compiled(
+    alpha: float, decay: np.ndarray, survival: np.ndarray, logit: np.ndarray
+) -> None:
+    """:func:`chain_slot`, compiled: the same operations in the same order."""
+    s = 1.0
+    for j in range(decay.size):
+        qj = min(1.0, max(0.0, alpha * decay[j]))
+        s *= qj
+        survival[j] = s
+        qc = min(1 - 1e-6, max(1e-6, qj))
+        logit[j] = log(qc / (1.0 - qc))
 
 
 def survival_of(

@@ -25,6 +25,8 @@ from deepinfer_sim.sim.core.assemble import make_step_cost
 from deepinfer_sim.sim.policies.speculative import (
     DraftChain,
     accept_compiled,
+    chain_slot,
+    chain_slot_compiled,
     survival_compiled,
     survival_of,
 )
@@ -217,5 +219,26 @@ def test_routed_tokens_compiled_is_the_reference() -> None:
         got = [np.empty((classes, 1)), np.empty((classes, 1))]
         routed_tokens(tokens, cls, *want)
         routed_tokens_compiled(tokens, cls, *got)
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(a, b)
+
+
+def test_log_is_fpmaths_log_bit_for_bit() -> None:
+    g = np.random.default_rng(10)
+    x = np.ldexp(g.uniform(0.5, 1.0, 20_000), g.integers(-900, 900, 20_000))
+    x[:5] = [1.0, 0.5, 2.0, 1e-300, 0.7071067811865476]
+    got = np.array([jit.log(float(v)) for v in x])
+    assert np.array_equal(got, fpmath.log(x))
+    assert jit.log(0.0) == -np.inf and np.isnan(jit.log(-1.0)) and jit.log(np.inf) == np.inf
+
+
+def test_chain_slot_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(500):
+        depth = int(rng.integers(1, 8))
+        alpha, decay = float(rng.uniform(0, 1.2)), rng.uniform(0.3, 1.1, depth)
+        want, got = [np.empty(depth), np.empty(depth)], [np.empty(depth), np.empty(depth)]
+        chain_slot(alpha, decay, *want)
+        chain_slot_compiled(alpha, decay, *got)
         for a, b in zip(got, want, strict=True):
             assert np.array_equal(a, b)
