@@ -4,8 +4,9 @@ compiled step must repeat bit for bit.
 A step's arithmetic is compiled where numpy's per-call dispatch (about a microsecond a call)
 outweighs the work on a step's few hundred values (DESIGN.md). Each compiled function sits
 beside the stage it serves, next to the plain-numpy version it replaces, which stays the
-readable reference; tests hold the two to the same bits, and ``DEEPINFER_JIT=0`` runs the
-references instead (``COMPILED``).
+readable reference; tests hold the two to the same bits. Which one runs (``COMPILED``) is
+a matter of speed only: a small run takes the references (numba's import costs more than it
+saves there), ``DEEPINFER_JIT=0`` or ``1`` forces one side.
 
 Bit for bit means the same IEEE operations in the same order:
 
@@ -31,13 +32,40 @@ import numpy as np
 
 from . import fpmath
 
-__all__ = ["COMPILED", "exp", "log", "njit", "pairwise_sum"]
+__all__ = ["COMPILED", "MIN_REQUESTS", "exp", "log", "njit", "pairwise_sum", "use_for_run"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-COMPILED = os.environ.get("DEEPINFER_JIT", "1") != "0"
-"""Whether stages call their compiled step functions (``DEEPINFER_JIT=0``: the numpy
-references, for checking one against the other)."""
+MIN_REQUESTS = 1_000
+"""Runs of fewer requests take the numpy references: importing numba and loading the compiled
+functions costs ~0.5 s, more than they save on a few thousand engine steps."""
+
+
+class _Compiled:
+    """Whether stages call their compiled step functions (truthy) or the numpy references.
+    Both give the same bits, so the choice is only about speed: ``DEEPINFER_JIT=1`` always
+    compiled, ``0`` never (to check one against the other); unset, :func:`use_for_run`
+    decides per run by its size."""
+
+    def __init__(self) -> None:
+        flag = os.environ.get("DEEPINFER_JIT", "")
+        self.forced: bool | None = None if flag == "" else flag != "0"
+        self.on = bool(self.forced)  # until a run decides (analyses without one: numpy)
+
+    def __bool__(self) -> bool:
+        return self.on
+
+    def __repr__(self) -> str:
+        return f"COMPILED({self.on})"
+
+
+COMPILED = _Compiled()
+
+
+def use_for_run(requests: int) -> None:
+    """Compiled step functions for a run of ``requests`` requests if it is worth their load
+    time (at least :data:`MIN_REQUESTS`), unless ``DEEPINFER_JIT`` decides."""
+    COMPILED.on = COMPILED.forced if COMPILED.forced is not None else requests >= MIN_REQUESTS
 
 
 def njit(fn: F) -> F:

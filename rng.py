@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import fpmath
-from .jit import njit
+from .jit import COMPILED, njit
 
 Array = npt.NDArray[np.float64]
 
@@ -44,7 +44,11 @@ def stream(seed: int, name: str) -> np.random.Generator:
 def normal(rng: np.random.Generator, size: int | tuple[int, ...]) -> Array:
     """Standard normal draws (numpy's, with the ziggurat's tail values drawn portably)."""
     z = rng.standard_normal(size)
-    if z.size and _has_tail(z.reshape(-1)):
+    if z.size and (
+        _has_tail(z.reshape(-1))
+        if COMPILED
+        else (z.max() >= _NORMAL_TAIL or z.min() <= -_NORMAL_TAIL)
+    ):
         flat = z.reshape(-1)
         for i in np.flatnonzero(np.abs(flat) >= _NORMAL_TAIL).tolist():
             flat[i] = math.copysign(_normal_tail(rng), flat[i])

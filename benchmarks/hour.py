@@ -7,8 +7,8 @@ prefill pool runs ~80 % busy) with every mechanism on (live EPLB, the 3FS store,
 SWA, DSpark), as a user runs it: a fresh process per run, start-up, simulation and writing every
 output (plots too, unless ``--no-plots``) included. Reports wall seconds, requests per wall
 second and the child's peak RSS, min and median over ``--repeats`` runs, and writes them with the
-machine's description to ``benchmarks/results/hour.json``. The target (issue 17) is ≤ 30 s wall
-on one core, i.e. ≥ 10,000 requests per wall second.
+machine's description to ``benchmarks/results/hour.json``. The target (issue 32) is ≤ 40 s wall
+on one core, i.e. ≤ 120 µs per request.
 
     python benchmarks/hour.py [--repeats 3] [--repeat 25] [--set KEY=VALUE ...] [--no-plots]
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from _cli_run import machine, run_default, write_report  # benchmarks/ is the script's folder
 
-TARGET_WALL_S = 30.0
+TARGET_WALL_S = 40.0
 
 
 def one_run(repeat: int, overrides: list[str], plots: bool) -> dict[str, Any]:

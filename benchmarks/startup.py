@@ -12,7 +12,13 @@ second run on. Timed, as min and median over the repeats:
 * ``process`` — wall time of that whole process, interpreter start-up included;
 * ``help``    — wall time of ``deepinfer-sim --help``;
 * ``first_event`` — wall time of ``deepinfer-sim run configs/default.yaml`` up to the first call
-  to the event loop (a hook on ``simpy.Environment.run`` ends the process there).
+  to the event loop (a hook on ``simpy.Environment.run`` ends the process there);
+* ``run_10`` / ``run_10_no_plots`` — wall time of a whole ``deepinfer-sim run`` of the default
+  scenario's first 10 requests (``--set workload.max_requests=10``), every output written, with
+  and without ``--no-plots``.
+
+Children run without ``PYTHONDONTWRITEBYTECODE`` (a user's Python caches compiled modules; with
+it set every start compiles the package's modules again, ~0.1 s).
 
 Writes ``benchmarks/results/startup.json`` with the machine's description and prints a table.
 
@@ -61,13 +67,35 @@ main(["run", "configs/default.yaml", "--quiet", "--no-progress", "--out", sys.ar
 """
 
 
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def _python(code: str, *args: str) -> tuple[float, str]:
     """Run ``code`` in a fresh interpreter; its wall time and stdout."""
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=CHILD_ENV,
     )
     return time.perf_counter() - t0, done.stdout
+
+
+RUN_10_CODE = """
+import sys
+from deepinfer_sim.cli import main
+flags = ["--no-plots"] if sys.argv[2] == "no-plots" else []
+main(["run", "configs/default.yaml", "--set", "workload.max_requests=10", "--quiet",
+      "--no-progress", "--out", sys.argv[1], *flags])
+"""
+
+
+def run_10_wall(plots: bool) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        return _python(RUN_10_CODE, out, "plots" if plots else "no-plots")[0]
 
 
 def parts() -> dict[str, float]:
@@ -89,7 +117,13 @@ def first_event_wall() -> float:
 def measure(repeats: int) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {}
     for _ in range(repeats):
-        row = {**parts(), "help": help_wall(), "first_event": first_event_wall()}
+        row = {
+            **parts(),
+            "help": help_wall(),
+            "first_event": first_event_wall(),
+            "run_10": run_10_wall(plots=True),
+            "run_10_no_plots": run_10_wall(plots=False),
+        }
         for key, value in row.items():
             samples.setdefault(key, []).append(value)
     return samples

@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 
 from ..errors import ConfigWarning, UserError
+from ..jit import use_for_run
 from ..scenario import Scenario, check_run_size
 from ..traces import RequestSource
 from ..traces.workload import build_source
@@ -54,6 +55,7 @@ def simulate(
             ConfigWarning,
             stacklevel=2,
         )
+    use_for_run(len(source))  # compiled step functions where they pay (same bits either way)
     cl = build_cluster(sc, source)
     if on_build is not None:
         on_build(cl)

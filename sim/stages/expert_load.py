@@ -25,6 +25,7 @@ placement, which is all the per-step sampler needs (sim/stages/expert_parallel.p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,9 @@ class ExpertLoadModel:
         moe = model.moe
         self.cfg = cfg
         self.layers = model.moe_layer_count("decode")
+        # the first placement of each group shape and policy, by popularity version
+        # (GroupExperts: a placement is never changed in place, so groups can share one)
+        self.initial_placements: dict[tuple[Any, int], Any] = {}
         self.experts = moe.routed_experts
         self.top_k = moe.top_k
         self.hashed = np.zeros(self.layers, dtype=bool)

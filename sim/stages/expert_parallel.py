@@ -89,8 +89,14 @@ class GroupExperts:
         self.rng = rng
         self.placer = make_expert_placement(policy, shape)
         layers, experts = load.layers, load.experts
-        static = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
-        self.placement = self.placer.initial(static, load.mean_popularity)
+        # groups of one shape under one policy start alike (16 prefill instances: one EPLB run)
+        key = (policy, shape.ranks, shape.redundant_per_rank, shape.groups, shape.nodes)
+        start = load.initial_placements.get((key, load.version))
+        if start is None:
+            static = static_placement(layers, experts, shape.ranks, shape.redundant_per_rank)
+            start = self.placer.initial(static, load.mean_popularity)
+            load.initial_placements[(key, load.version)] = start
+        self.placement = start
         # the statistics window (maxlen 0 for a policy that keeps none: appends are no-ops)
         self.window: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque(
             maxlen=self.placer.window_steps

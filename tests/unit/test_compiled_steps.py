@@ -176,7 +176,8 @@ from deepinfer_sim.jit import COMPILED
 r = simulate(load_scenario("default", ["workload.max_requests=300"]))
 cols = ["ttft_s", "tpot_s", "e2e_s", "output_tokens"]
 digest = hashlib.sha256(r.requests[cols].to_numpy(dtype=float).tobytes()).hexdigest()
-print(json.dumps({"compiled": COMPILED, "digest": digest, "events": r.summary["sim"]["events"]}))
+events = r.summary["sim"]["events"]
+print(json.dumps({"compiled": bool(COMPILED), "digest": digest, "events": events}))
 """
 
 
@@ -242,3 +243,15 @@ def test_chain_slot_compiled_is_the_reference() -> None:
         chain_slot_compiled(alpha, decay, *got)
         for a, b in zip(got, want, strict=True):
             assert np.array_equal(a, b)
+
+
+def test_a_run_takes_the_compiled_steps_by_its_size(monkeypatch) -> None:
+    monkeypatch.setattr(jit.COMPILED, "forced", None)
+    monkeypatch.setattr(jit.COMPILED, "on", False)
+    jit.use_for_run(jit.MIN_REQUESTS - 1)
+    assert not jit.COMPILED
+    jit.use_for_run(jit.MIN_REQUESTS)
+    assert jit.COMPILED
+    monkeypatch.setattr(jit.COMPILED, "forced", False)  # DEEPINFER_JIT=0
+    jit.use_for_run(10**6)
+    assert not jit.COMPILED
