@@ -32,7 +32,16 @@ import numpy as np
 
 from . import fpmath
 
-__all__ = ["COMPILED", "MIN_REQUESTS", "exp", "log", "njit", "pairwise_sum", "use_for_run"]
+__all__ = [
+    "COMPILED",
+    "MIN_REQUESTS",
+    "exp",
+    "log",
+    "njit",
+    "pairwise_sum",
+    "power",
+    "use_for_run",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -239,3 +248,14 @@ def log(x: float) -> float:
     r = t2 + t1
     hfsq = 0.5 * f * f
     return e * _LN2_HI - ((hfsq - (s * (hfsq + r) + e * _LN2_LO)) - f)
+
+
+@njit
+def power(x: float, y: float) -> float:
+    """:func:`deepinfer_sim.fpmath.power` of one base x >= 0, the same operations in the same
+    order (a negative base gives nan here; fpmath refuses it)."""
+    if x < 0.0:
+        return math.nan
+    if x == 0.0:
+        return 1.0 if y == 0.0 else (0.0 if y > 0.0 else math.inf)
+    return exp(y * log(x))

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import fpmath
 from ..errors import ConfigError
-from ..jit import COMPILED, njit
+from ..jit import COMPILED, exp, njit, power
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
@@ -283,6 +283,17 @@ class ProfileStepCost(StepCost):
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         if tokens_per_rank <= 0:
             return 0.0
+        if COMPILED:
+            return float(
+                moe_s_compiled(
+                    tokens_per_rank,
+                    *self._moe_fit[phase],
+                    self._top_k,
+                    self._moe_experts,
+                    self._moe_host[phase],
+                    self._moe_layers[phase],
+                )
+            )
         a, e, f, tile, k = self._moe_fit[phase]
         pairs = tokens_per_rank * self._top_k
         E = self._moe_experts
@@ -355,3 +366,29 @@ def decode_dense_max_compiled(
         if t > best:
             best = t
     return best
+
+
+@njit
+def moe_s_compiled(
+    tokens_per_rank: float,
+    a: float,
+    e: float,
+    f: float,
+    tile: int,
+    k: float,
+    top_k: int,
+    experts: float,
+    host: float,
+    layers: int,
+) -> float:
+    """:meth:`ProfileStepCost.moe_s` for tokens_per_rank > 0 (its fit, host time and layer
+    count passed in), compiled: the same operations in the same order."""
+    pairs = tokens_per_rank * top_k
+    active = experts * (1.0 - exp(-pairs / experts))
+    rows = pairs if tile == 1 else tile * active * math.ceil(pairs / (active * tile))
+    if k == 1.0:
+        return (a + host + e * active + f * rows) * layers
+    w, g = e * active, f * rows
+    m = w if w > g else g
+    both = m * power(power(w / m, k) + power(g / m, k), 1.0 / k) if m > 0 else 0.0
+    return (a + host + both) * layers

@@ -148,9 +148,10 @@ def test_advance_compiled_is_the_reference() -> None:
         ["model=deepseek-v3", "pools.decode.tp=4", "pools.decode.ep=16"],
     ],
 )
-def test_decode_dense_max_compiled_is_the_reference(overrides: list[str], monkeypatch) -> None:
+def test_profile_costs_compiled_are_the_reference(overrides: list[str], monkeypatch) -> None:
     """The profile cost model's compiled slowest-rank time against its numpy decode_dense,
-    over ranks with empty slots, verify lengths and the fits' GEMM staircases."""
+    over ranks with empty slots, verify lengths and the fits' GEMM staircases; and its compiled
+    routed-expert time against the Python one."""
     sc = load_scenario("default", overrides)
     model, hw = load_model(sc.model), load_hardware(sc.hardware_kinds()["decode"])
     pool = sc.pools.decode
@@ -162,9 +163,16 @@ def test_decode_dense_max_compiled_is_the_reference(overrides: list[str], monkey
         batch[rng.random(pool.ep) < 0.2] = 0.0
         tokens = batch * rng.choice([1.0, 2.0, 3.4, 6.0], pool.ep)
         kv = batch * rng.uniform(0, 20_000, pool.ep)
-        compiled = cost.decode_dense_max(batch, kv, tokens)
+        moe_tokens = float(rng.choice([0.5, 3.0, 117.0, 4096.0, 70_000.0]) * rng.random())
+        compiled = (
+            cost.decode_dense_max(batch, kv, tokens),
+            [cost.moe_s(moe_tokens, phase) for phase in ("prefill", "decode")],
+        )
         monkeypatch.setattr("deepinfer_sim.models.profile_cost.COMPILED", False)
-        reference = cost.decode_dense_max(batch, kv, tokens)
+        reference = (
+            cost.decode_dense_max(batch, kv, tokens),
+            [cost.moe_s(moe_tokens, phase) for phase in ("prefill", "decode")],
+        )
         monkeypatch.setattr("deepinfer_sim.models.profile_cost.COMPILED", True)
         assert compiled == reference
 
@@ -255,3 +263,13 @@ def test_a_run_takes_the_compiled_steps_by_its_size(monkeypatch) -> None:
     monkeypatch.setattr(jit.COMPILED, "forced", False)  # DEEPINFER_JIT=0
     jit.use_for_run(10**6)
     assert not jit.COMPILED
+
+
+def test_power_is_fpmaths_power_bit_for_bit() -> None:
+    g = np.random.default_rng(12)
+    x, y = g.uniform(0.0, 50.0, 5000), g.uniform(-4.0, 4.0, 5000)
+    x[:3] = 0.0
+    y[0] = 0.0
+    got = [jit.power(float(a), float(b)) for a, b in zip(x, y, strict=True)]
+    want = [fpmath.power(float(a), float(b)) for a, b in zip(x, y, strict=True)]
+    assert got == want
