@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from ...jit import COMPILED, njit, pairwise_sum
+
 if TYPE_CHECKING:
     from ..stages.decode import DecodeGroup
 
@@ -62,11 +64,17 @@ class TwoDimBalancer:
     def __init__(self, groups: Sequence[DecodeGroup], long_tokens: int) -> None:
         self.groups = groups
         self.long_tokens = float(long_tokens)
+        # the groups' per-rank routing counts as rows of (groups, ranks) matrices, so that one
+        # compiled call scores every rank of every group (None: groups of different widths)
+        self.rows = share_routing_rows(groups)
 
     def choose(self, rid: int) -> tuple[int, int]:
         t = self.groups[0].table
         L = float(t.input_len[rid] + t.output_len[rid])
         w = L / (L + self.long_tokens)
+        if self.rows is not None and COMPILED:
+            g, r = two_dim_choose_compiled(*self.rows, w)
+            return self.groups[g].idx, r
         best: tuple[int, int] = (0, 0)
         best_score = np.inf
         for g in self.groups:
@@ -82,6 +90,46 @@ class TwoDimBalancer:
             if score[r] < best_score:
                 best, best_score = (g.idx, r), float(score[r])
         return best
+
+
+def share_routing_rows(
+    groups: Sequence[DecodeGroup],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Move the groups' ``assigned``, ``assigned_kv`` and ``penalty`` (per rank) into rows of
+    three (groups, ranks) matrices, which the groups then update in place as before; None
+    (nothing moved) when the groups differ in width. Called once, when the cluster is built."""
+    if not groups or len({g.ep for g in groups}) != 1:
+        return None
+    assigned = np.stack([g.assigned for g in groups])
+    assigned_kv = np.stack([g.assigned_kv for g in groups])
+    penalty = np.stack([g.penalty for g in groups])
+    for i, g in enumerate(groups):
+        g.assigned, g.assigned_kv, g.penalty = assigned[i], assigned_kv[i], penalty[i]
+    return assigned, assigned_kv, penalty
+
+
+@njit
+def two_dim_choose_compiled(
+    assigned: np.ndarray, assigned_kv: np.ndarray, penalty: np.ndarray, w: float
+) -> tuple[int, int]:
+    """:meth:`TwoDimBalancer.choose`'s loop over the groups (rows), compiled: the same sums
+    and scores in the same order; (group row, rank)."""
+    groups, ranks = assigned.shape
+    best_g, best_r = 0, 0
+    best_score = np.inf
+    for g in range(groups):
+        mean_c = max(1e-9, float(assigned[g].sum()) / ranks)
+        mean_k = max(1e-9, pairwise_sum(assigned_kv[g]) / ranks)
+        c_weight = (1.0 - w) / mean_c
+        k_weight = (w - 0.25 * (1.0 - w)) / mean_k
+        r_min, s_min = 0, np.inf
+        for r in range(ranks):
+            s = assigned[g, r] * c_weight + assigned_kv[g, r] * k_weight + penalty[g, r]
+            if r == 0 or s < s_min:
+                r_min, s_min = r, s
+        if s_min < best_score:
+            best_g, best_r, best_score = g, r_min, s_min
+    return best_g, best_r
 
 
 def make_balancer(

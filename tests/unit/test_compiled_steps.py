@@ -273,3 +273,36 @@ def test_power_is_fpmaths_power_bit_for_bit() -> None:
     got = [jit.power(float(a), float(b)) for a, b in zip(x, y, strict=True)]
     want = [fpmath.power(float(a), float(b)) for a, b in zip(x, y, strict=True)]
     assert got == want
+
+
+def test_two_dim_choose_compiled_is_the_reference(monkeypatch) -> None:
+    """The balancer's compiled pick over every rank of every group, against its loop over
+    the groups (shared rows, ties, ranks that are down, empty groups)."""
+    from types import SimpleNamespace
+
+    from deepinfer_sim.sim.policies import balancer
+
+    rng = np.random.default_rng(13)
+    for _ in range(300):
+        n_groups, ranks = int(rng.integers(1, 17)), int(rng.choice([1, 8, 64]))
+        table = SimpleNamespace(input_len=rng.integers(1, 100_000, 5), output_len=np.ones(5))
+        groups = []
+        for i in range(n_groups):
+            assigned = rng.integers(0, 4, ranks) * (rng.random() < 0.9)
+            groups.append(
+                SimpleNamespace(
+                    idx=i,
+                    ep=ranks,
+                    table=table,
+                    assigned=assigned,
+                    assigned_kv=assigned * rng.uniform(0, 30_000, ranks),
+                    penalty=np.where(rng.random(ranks) < 0.05, np.inf, 0.0),
+                )
+            )
+        pick = balancer.TwoDimBalancer(groups, 16384)  # type: ignore[arg-type]
+        assert pick.rows is not None and groups[0].assigned.base is pick.rows[0]
+        rid = int(rng.integers(0, 5))
+        monkeypatch.setattr(balancer, "COMPILED", True)
+        compiled = pick.choose(rid)
+        monkeypatch.setattr(balancer, "COMPILED", False)
+        assert compiled == pick.choose(rid)
