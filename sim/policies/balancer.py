@@ -73,8 +73,8 @@ class TwoDimBalancer:
         L = float(t.input_len[rid] + t.output_len[rid])
         w = L / (L + self.long_tokens)
         if self.rows is not None and COMPILED:
-            g, r = two_dim_choose_compiled(*self.rows, w)
-            return self.groups[g].idx, r
+            row, rank = two_dim_choose_compiled(*self.rows, w)
+            return self.groups[row].idx, rank
         best: tuple[int, int] = (0, 0)
         best_score = np.inf
         for g in self.groups:
