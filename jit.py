@@ -12,7 +12,8 @@ Bit for bit means the same IEEE operations in the same order:
 
 - numba compiles without fast-math, so LLVM neither fuses a multiply and an add into an FMA nor
   reorders a sum (the results do not depend on the CPU, as :mod:`deepinfer_sim.fpmath` requires);
-- numpy sums a float array pairwise (:func:`pairwise_sum` repeats its order), and
+- numpy sums a float array pairwise (:func:`pairwise_sum` repeats its order: over the whole
+  array in numpy 2, per 8,192-element buffer in numpy 1.x; :func:`sum_block` finds which), and
   ``np.bincount`` with weights adds in index order, as a plain loop does;
 - the C library's ``exp`` and ``log`` are not used: :func:`exp` and :func:`log` are
   :mod:`deepinfer_sim.fpmath`'s algorithms, operation for operation.
@@ -40,6 +41,7 @@ __all__ = [
     "njit",
     "pairwise_sum",
     "power",
+    "sum_block",
     "use_for_run",
 ]
 
@@ -73,8 +75,10 @@ COMPILED = _Compiled()
 
 def use_for_run(requests: int) -> None:
     """Compiled step functions for a run of ``requests`` requests if it is worth their load
-    time (at least :data:`MIN_REQUESTS`), unless ``DEEPINFER_JIT`` decides."""
-    COMPILED.on = COMPILED.forced if COMPILED.forced is not None else requests >= MIN_REQUESTS
+    time (at least :data:`MIN_REQUESTS`), unless ``DEEPINFER_JIT`` decides — and only where
+    they reproduce this numpy's sums (:func:`sum_block`)."""
+    wanted = COMPILED.forced if COMPILED.forced is not None else requests >= MIN_REQUESTS
+    COMPILED.on = wanted and _numpy_sum_block() is not None
 
 
 def njit(fn: F) -> F:
@@ -118,7 +122,11 @@ def _compile_all() -> None:
 
     for d in _Deferred.registry:
         if d.dispatcher is None:
-            d.dispatcher = numba.njit(cache=True, error_model="numpy", fastmath=False)(d.fn)
+            try:
+                d.dispatcher = numba.njit(cache=True, error_model="numpy", fastmath=False)(d.fn)
+            except RuntimeError:  # no writable cache folder (read-only install, no home): each
+                # process compiles them again
+                d.dispatcher = numba.njit(error_model="numpy", fastmath=False)(d.fn)
     swap = {id(d): d.dispatcher for d in _Deferred.registry}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == __package__ or name.startswith(f"{__package__}.")):
@@ -196,10 +204,45 @@ def _pairwise(a: np.ndarray, lo: int, n: int) -> float:
 
 
 @njit
-def pairwise_sum(a: np.ndarray) -> float:
-    """``a.sum()`` of a contiguous float64 array, in numpy's order (pairwise, 8 lanes)."""
+def pairwise_sum(a: np.ndarray, block: int) -> float:
+    """``a.sum()`` of a contiguous float64 array, in numpy's order: pairwise (8 lanes) over
+    the whole array (``block`` 0: numpy 2), or over each ``block`` elements with the blocks'
+    sums added in turn (numpy 1.x, which reduces through its 8,192-element buffer). The
+    caller passes :func:`sum_block`."""
     flat = a.ravel()
-    return _pairwise(flat, 0, flat.size)
+    n = flat.size
+    if block <= 0 or n <= block:
+        return _pairwise(flat, 0, n)
+    res = _pairwise(flat, 0, block)
+    start = block
+    while start < n:
+        size = min(block, n - start)
+        res += _pairwise(flat, start, size)
+        start += size
+    return res
+
+
+_SUM_BLOCK: list[int | None] = []
+
+
+def _numpy_sum_block() -> int | None:
+    """How the installed numpy sums a long float array, as :func:`pairwise_sum`'s ``block``:
+    0 (pairwise over all of it), the buffer size (pairwise per buffer), or None when neither
+    reproduces it. Found once, by summing a probe array both ways."""
+    if not _SUM_BLOCK:
+        buffer = np.getbufsize()
+        probe = np.random.default_rng(20261206).standard_normal(3 * buffer + 17)
+        probe *= 10.0 ** np.random.default_rng(7).uniform(-6, 6, probe.size)
+        want = float(probe.sum())
+        found = [b for b in (0, buffer) if pairwise_sum(probe, b) == want]
+        _SUM_BLOCK.append(found[0] if len(found) == 1 else None)
+    return _SUM_BLOCK[0]
+
+
+def sum_block() -> int:
+    """:func:`pairwise_sum`'s ``block`` for the installed numpy (0 if it sums some other way:
+    then no run takes the compiled steps, :func:`use_for_run`)."""
+    return _numpy_sum_block() or 0
 
 
 _LN2_HI = fpmath._LN2_HI
@@ -207,9 +250,6 @@ _LN2_LO = fpmath._LN2_LO
 _INV_LN2 = fpmath._INV_LN2
 _P1, _P2, _P3, _P4, _P5 = fpmath._P1, fpmath._P2, fpmath._P3, fpmath._P4, fpmath._P5
 _EXP_CLIP = fpmath._EXP_CLIP
-_SQRT_HALF = fpmath._SQRT_HALF
-_LG1, _LG2, _LG3, _LG4 = fpmath._LG1, fpmath._LG2, fpmath._LG3, fpmath._LG4
-_LG5, _LG6, _LG7 = fpmath._LG5, fpmath._LG6, fpmath._LG7
 
 
 @njit
@@ -228,26 +268,9 @@ def exp(x: float) -> float:
     return math.ldexp(y, int(kf))
 
 
-@njit
-def log(x: float) -> float:
-    """:func:`deepinfer_sim.fpmath.log` of one float, the same operations in the same order."""
-    if x != x or x == math.inf:
-        return x
-    if x <= 0.0:
-        return -math.inf if x == 0.0 else math.nan
-    m, e = math.frexp(x)  # x = m * 2^e, m in [0.5, 1)
-    if m < _SQRT_HALF:
-        m += m
-        e -= 1
-    f = m - 1.0
-    s = f / (2.0 + f)
-    z = s * s
-    w = z * z
-    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
-    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
-    r = t2 + t1
-    hfsq = 0.5 * f * f
-    return e * _LN2_HI - ((hfsq - (s * (hfsq + r) + e * _LN2_LO)) - f)
+log = njit(fpmath._log_scalar)
+""":func:`deepinfer_sim.fpmath.log` of one float: its scalar algorithm, compiled as it is (plain
+IEEE arithmetic, ``math.frexp``)."""
 
 
 @njit

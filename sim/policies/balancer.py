@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ...jit import COMPILED, njit, pairwise_sum
+from ...jit import COMPILED, njit, pairwise_sum, sum_block
 
 if TYPE_CHECKING:
     from ..stages.decode import DecodeGroup
@@ -73,7 +73,7 @@ class TwoDimBalancer:
         L = float(t.input_len[rid] + t.output_len[rid])
         w = L / (L + self.long_tokens)
         if self.rows is not None and COMPILED:
-            row, rank = two_dim_choose_compiled(*self.rows, w)
+            row, rank = two_dim_choose_compiled(*self.rows, w, sum_block())
             return self.groups[row].idx, rank
         best: tuple[int, int] = (0, 0)
         best_score = np.inf
@@ -110,7 +110,7 @@ def share_routing_rows(
 
 @njit
 def two_dim_choose_compiled(
-    assigned: np.ndarray, assigned_kv: np.ndarray, penalty: np.ndarray, w: float
+    assigned: np.ndarray, assigned_kv: np.ndarray, penalty: np.ndarray, w: float, block: int
 ) -> tuple[int, int]:
     """:meth:`TwoDimBalancer.choose`'s loop over the groups (rows), compiled: the same sums
     and scores in the same order; (group row, rank)."""
@@ -119,7 +119,7 @@ def two_dim_choose_compiled(
     best_score = np.inf
     for g in range(groups):
         mean_c = max(1e-9, float(assigned[g].sum()) / ranks)
-        mean_k = max(1e-9, pairwise_sum(assigned_kv[g]) / ranks)
+        mean_k = max(1e-9, pairwise_sum(assigned_kv[g], block) / ranks)
         c_weight = (1.0 - w) / mean_c
         k_weight = (w - 0.25 * (1.0 - w)) / mean_k
         r_min, s_min = 0, np.inf

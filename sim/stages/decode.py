@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from ...jit import COMPILED, njit, pairwise_sum
+from ...jit import COMPILED, njit, pairwise_sum, sum_block
 from ...models.cost import StepCost
 from ..core.requests import RequestTable, State
 from ..core.steploop import StepLoop
@@ -260,7 +260,10 @@ class DecodeGroup(StepLoop):
             return 0.0
         per_class, sq = np.empty((self.classes, 1)), np.empty((self.classes, 1))
         args = (tokens, self.s_cls[: self.hw], per_class, sq)
-        (routed_tokens_compiled if COMPILED else routed_tokens)(*args)
+        if COMPILED:
+            routed_tokens_compiled(*args, sum_block())
+        else:
+            routed_tokens(*args)
         self.imbalance, stall = self.experts.step(self.env.now, per_class, sq)
         return stall
 
@@ -576,13 +579,13 @@ def routed_tokens(
 
 @njit
 def routed_tokens_compiled(
-    tokens: np.ndarray, cls: np.ndarray, per_class: np.ndarray, sq: np.ndarray
+    tokens: np.ndarray, cls: np.ndarray, per_class: np.ndarray, sq: np.ndarray, block: int
 ) -> None:
     """:func:`routed_tokens`, compiled: numpy's pairwise sums for one class, index order for
     several (as ``np.bincount`` adds)."""
     if per_class.shape[0] == 1:
-        per_class[0, 0] = pairwise_sum(tokens)
-        sq[0, 0] = pairwise_sum(tokens * tokens)
+        per_class[0, 0] = pairwise_sum(tokens, block)
+        sq[0, 0] = pairwise_sum(tokens * tokens, block)
         return
     per_class[:] = 0.0
     sq[:] = 0.0

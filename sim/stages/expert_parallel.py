@@ -27,7 +27,7 @@ from typing import Literal
 
 import numpy as np
 
-from ...jit import COMPILED, njit, pairwise_sum
+from ...jit import COMPILED, njit, pairwise_sum, sum_block
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
 from ...rng import normal
@@ -155,7 +155,7 @@ class GroupExperts:
         z = normal(self.rng, share.shape[1:])
         args = (share, q2, bias, tokens, sq_tokens, self.shape.layer_set, self.load.top_k, z)
         if COMPILED:
-            return float(imbalance_factor_compiled(*args))
+            return float(imbalance_factor_compiled(*args, sum_block()))
         return imbalance_factor(*args)
 
     def window_loads(self) -> np.ndarray:
@@ -267,8 +267,10 @@ def imbalance_factor_compiled(
     sets: np.ndarray,
     k: int,
     z: np.ndarray,
+    block: int,
 ) -> float:
-    """:func:`imbalance_factor`, compiled: the same operations in the same order."""
+    """:func:`imbalance_factor`, compiled: the same operations in the same order (``block``:
+    how numpy sums, :func:`~deepinfer_sim.jit.sum_block`)."""
     classes, layers, ranks = share.shape
     kk = k * k
     loads = np.empty((layers, ranks))
@@ -288,7 +290,7 @@ def imbalance_factor_compiled(
                     var += tc * q2[c, lay, r] + (sq_tokens[c, s] * kk) * bias[c, lay, r]
             x = math.sqrt(var) * z[lay, r] + mean
             loads[lay, r] = x if x > 0.0 else 0.0
-    total = pairwise_sum(loads)
+    total = pairwise_sum(loads, block)
     if total <= 0:
         return 1.0
     peak = np.empty(layers)
@@ -298,4 +300,4 @@ def imbalance_factor_compiled(
             if loads[lay, r] > m:
                 m = loads[lay, r]
         peak[lay] = m
-    return pairwise_sum(peak) * ranks / total
+    return pairwise_sum(peak, block) * ranks / total

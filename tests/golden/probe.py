@@ -65,7 +65,9 @@ def ours() -> dict[str, str]:
         "rng dirichlet": digest(draws.log_dirichlet(g, np.full(64, 0.2), 200)),
         "rng weibull": digest(draws.weibull(g, 1.5, 100_000)),
         "jit exp": digest([jit.exp(v) for v in x[:20_000].tolist()]),
-        "jit pairwise sum": digest([jit.pairwise_sum(x[: 97 * n]) for n in range(1, 200)]),
+        "jit pairwise sum": digest(
+            [jit.pairwise_sum(x[: 97 * n], jit.sum_block()) for n in range(1, 200)]
+        ),
     }
 
 

@@ -40,18 +40,22 @@ from deepinfer_sim.sim.stages.decode import (
 )
 from deepinfer_sim.sim.stages.expert_parallel import imbalance_factor, imbalance_factor_compiled
 
-SIZES = [*range(0, 300), 511, 512, 513, 1000, 2560, 4096, 10_000]
+SIZES = [*range(0, 300), 511, 512, 513, 1000, 2560, 4096, 8192, 8193, 10_000, 40_000]
 
 
 def test_pairwise_sum_is_numpys_sum_bit_for_bit() -> None:
+    """Over the whole array (numpy 2) or per 8,192-element buffer (numpy 1.x): sum_block finds
+    which, and the floor test runs this at numpy 1.26."""
+    block = jit.sum_block()
+    assert jit._numpy_sum_block() in (0, np.getbufsize())  # one of the two orders reproduces it
     rng = np.random.default_rng(1)
     for n in SIZES:
         a = rng.standard_normal(n) * 10.0 ** rng.uniform(-5, 5, n)
-        assert jit.pairwise_sum(a) == a.sum(), n
-    for shape in [(40, 64), (61, 8), (3, 5), (40, 256), (5, 3840)]:
+        assert jit.pairwise_sum(a, block) == a.sum(), n
+    for shape in [(40, 64), (61, 8), (3, 5), (40, 256), (61, 256), (5, 3840)]:
         a = rng.standard_normal(shape) * 1e3
-        assert jit.pairwise_sum(a) == a.sum(), shape
-        assert jit.pairwise_sum(a.max(axis=1)) == a.max(axis=1).sum(), shape
+        assert jit.pairwise_sum(a, block) == a.sum(), shape
+        assert jit.pairwise_sum(a.max(axis=1), block) == a.max(axis=1).sum(), shape
 
 
 def test_pairwise_sum_sees_the_order() -> None:
@@ -86,7 +90,8 @@ def test_imbalance_factor_compiled_is_the_reference() -> None:
         layer_set = rng.integers(0, sets, layers)
         k, z = int(rng.integers(1, 9)), rng.standard_normal((layers, ranks))
         args = (share, q2, bias, tokens, sq, layer_set, k, z)
-        assert imbalance_factor_compiled(*args) == imbalance_factor(*args)
+        block = jit.sum_block()
+        assert imbalance_factor_compiled(*args, block) == imbalance_factor(*args)
 
 
 def _draft_inputs(rng: np.random.Generator) -> tuple:
@@ -221,13 +226,13 @@ def test_slot_tokens_compiled_is_the_reference() -> None:
 def test_routed_tokens_compiled_is_the_reference() -> None:
     rng = np.random.default_rng(9)
     for _ in range(200):
-        classes, hw = int(rng.integers(1, 4)), int(rng.integers(0, 3000))
+        classes, hw = int(rng.integers(1, 4)), int(rng.integers(0, 20_000))
         tokens = rng.integers(0, 7, hw).astype(float)
         cls = rng.integers(0, classes, hw)
         want = [np.empty((classes, 1)), np.empty((classes, 1))]
         got = [np.empty((classes, 1)), np.empty((classes, 1))]
         routed_tokens(tokens, cls, *want)
-        routed_tokens_compiled(tokens, cls, *got)
+        routed_tokens_compiled(tokens, cls, got[0], got[1], jit.sum_block())
         for a, b in zip(got, want, strict=True):
             assert np.array_equal(a, b)
 
