@@ -10,7 +10,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SKIP = {".venv", "build", "tests", "benchmarks", "scripts", "_scratch", ".git"}
 
 # a package may import only packages before it in this order (and itself)
-ORDER = ("errors", "validation", "rng", "models", "traces", "scenario", "sim", "planner")
+ORDER = (
+    "errors",
+    "fpmath",
+    "jit",
+    "validation",
+    "rng",
+    "models",
+    "traces",
+    "scenario",
+    "sim",
+    "planner",
+)
 ABOVE_SIM = ("planner", "calibration", "kernels", "cli")
 
 
