@@ -1,5 +1,5 @@
-"""Compiled step arithmetic (numba): the decorator, and the two pieces of numpy's arithmetic a
-compiled step must repeat bit for bit.
+"""Compiled step arithmetic (numba): the decorator, and the pieces of numpy's and fpmath's
+arithmetic a compiled step must repeat bit for bit.
 
 A step's arithmetic is compiled where numpy's per-call dispatch (about a microsecond a call)
 outweighs the work on a step's few hundred values (DESIGN.md). Each compiled function sits
@@ -18,8 +18,9 @@ Bit for bit means the same IEEE operations in the same order:
 - the C library's ``exp`` and ``log`` are not used: :func:`exp` and :func:`log` are
   :mod:`deepinfer_sim.fpmath`'s algorithms, operation for operation.
 
-Compiled functions are cached on disk beside their module (numba's ``cache=True``), so only a
-machine's first run compiles them (a few seconds).
+Compiled functions are cached on disk under ``~/.cache/deepinfer-sim/numba`` (numba's
+``cache=True``; :func:`_cache_folder`), so only the first large run after an install or a change
+of their source compiles them (~7 s).
 """
 
 from __future__ import annotations
@@ -83,7 +84,8 @@ def use_for_run(requests: int) -> None:
 
 def njit(fn: F) -> F:
     """``numba.njit`` as every step function here uses it: no fast-math (IEEE order kept),
-    numpy's error model (a division by zero gives inf or nan, as numpy's does), cached on disk.
+    numpy's error model (a division by zero gives inf or nan, as numpy's does), cached on disk
+    (:func:`_cache_folder`).
 
     numba (and the scipy it imports) costs ~0.4 s to import, so it is imported at the first
     call of any compiled function, not when a module defines one: until then each is a
@@ -119,14 +121,20 @@ def _compile_all() -> None:
     import sys
 
     import numba
+    from numba.core import config
 
-    for d in _Deferred.registry:
-        if d.dispatcher is None:
-            try:
-                d.dispatcher = numba.njit(cache=True, error_model="numpy", fastmath=False)(d.fn)
-            except RuntimeError:  # no writable cache folder (read-only install, no home): each
-                # process compiles them again
-                d.dispatcher = numba.njit(error_model="numpy", fastmath=False)(d.fn)
+    numba_config: Any = config  # its settings are set at run time (mypy sees none)
+
+    folder = _cache_folder()
+    previous = numba_config.CACHE_DIR
+    if folder is not None:  # numba reads it when a dispatcher is made, so only ours go there
+        numba_config.CACHE_DIR = folder
+    try:
+        for d in _Deferred.registry:
+            if d.dispatcher is None:
+                d.dispatcher = _dispatcher(numba, d.fn, cache=bool(numba_config.CACHE_DIR))
+    finally:
+        numba_config.CACHE_DIR = previous
     swap = {id(d): d.dispatcher for d in _Deferred.registry}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == __package__ or name.startswith(f"{__package__}.")):
@@ -135,6 +143,33 @@ def _compile_all() -> None:
         for key, value in list(space.items()):
             if isinstance(value, _Deferred):
                 space[key] = swap[id(value)]
+
+
+def _dispatcher(numba: Any, fn: Callable[..., Any], cache: bool) -> Callable[..., Any]:
+    options = {"error_model": "numpy", "fastmath": False}
+    if cache:
+        try:
+            return numba.njit(cache=True, **options)(fn)
+        except RuntimeError:  # the cache folder cannot be used: compile in each process
+            pass
+    return numba.njit(**options)(fn)
+
+
+def _cache_folder() -> str | None:
+    """Where the compiled functions are cached: ``NUMBA_CACHE_DIR`` if the user set one (numba
+    then uses it as it is: None here), else ``$XDG_CACHE_HOME/deepinfer-sim/numba`` (by default
+    under ``~/.cache``) — never beside the installed modules, where numba would put them and
+    ``pip uninstall`` would leave them behind (a later editable install then found a stale
+    ``deepinfer_sim`` folder in site-packages). "" (no cache) when that folder cannot be made."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.path.join(base, "deepinfer-sim", "numba")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return ""
+    return folder if os.access(folder, os.W_OK) else ""
 
 
 _PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE

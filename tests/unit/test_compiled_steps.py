@@ -311,3 +311,21 @@ def test_two_dim_choose_compiled_is_the_reference(monkeypatch) -> None:
         compiled = pick.choose(rid)
         monkeypatch.setattr(balancer, "COMPILED", False)
         assert compiled == pick.choose(rid)
+
+
+CACHE = """
+import numpy as np
+from deepinfer_sim import jit
+jit.pairwise_sum(np.ones(3), 0)
+"""
+
+
+def test_the_compiled_functions_are_cached_outside_the_package(tmp_path) -> None:
+    """Never beside the installed modules (numba's default), where ``pip uninstall`` leaves
+    them and a later install finds a stale package folder: under XDG_CACHE_HOME."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    subprocess.run([sys.executable, "-c", CACHE], env=env, check=True)
+    assert list((tmp_path / "deepinfer-sim" / "numba").rglob("jit._pairwise*.nbi"))
+    beside = os.path.join(os.path.dirname(jit.__file__), "__pycache__")
+    assert not [f for f in os.listdir(beside) if ".nb" in f] if os.path.isdir(beside) else True
