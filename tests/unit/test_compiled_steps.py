@@ -27,6 +27,7 @@ from deepinfer_sim.sim.policies.speculative import (
     accept_compiled,
     chain_slot,
     chain_slot_compiled,
+    count_at_least_compiled,
     survival_compiled,
     survival_of,
 )
@@ -329,3 +330,15 @@ def test_the_compiled_functions_are_cached_outside_the_package(tmp_path) -> None
     assert list((tmp_path / "deepinfer-sim" / "numba").rglob("jit._pairwise*.nbi"))
     beside = os.path.join(os.path.dirname(jit.__file__), "__pycache__")
     assert not [f for f in os.listdir(beside) if ".nb" in f] if os.path.isdir(beside) else True
+
+
+def test_count_at_least_compiled_is_the_reference() -> None:
+    rng = np.random.default_rng(14)
+    for _ in range(200):
+        depth, hw = int(rng.integers(1, 8)), int(rng.integers(0, 400))
+        survival = np.cumprod(rng.random((depth, hw)), axis=0)
+        candidates = [0.0, 0.3, 2.0, float(survival.flat[0]) if survival.size else 1.0]
+        threshold = candidates[int(rng.integers(0, 4))]  # an exact survival value: a tie
+        got = np.full(hw, -1, dtype=np.int64)
+        count_at_least_compiled(survival, threshold, got)
+        assert np.array_equal(got, (survival >= threshold).sum(axis=0))
