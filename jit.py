@@ -20,7 +20,7 @@ Bit for bit means the same IEEE operations in the same order:
 
 Compiled functions are cached on disk under ``~/.cache/deepinfer-sim/numba`` (numba's
 ``cache=True``; :func:`_cache_folder`), so only the first large run after an install or a change
-of their source compiles them (~7 s).
+of their source compiles them (~8 s).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MIN_REQUESTS = 1_000
 """Runs of fewer requests take the numpy references: importing numba and loading the compiled
-functions costs ~0.5 s, more than they save on a few thousand engine steps."""
+functions costs ~0.45 s, more than they save on a few thousand engine steps."""
 
 
 class _Compiled:
@@ -87,8 +87,8 @@ def njit(fn: F) -> F:
     numpy's error model (a division by zero gives inf or nan, as numpy's does), cached on disk
     (:func:`_cache_folder`).
 
-    numba (and the scipy it imports) costs ~0.4 s to import, so it is imported at the first
-    call of any compiled function, not when a module defines one: until then each is a
+    numba (and the scipy it imports) costs ~0.45 s to import and load, so it is imported at
+    the first call of any compiled function, not when a module defines one: until then each is a
     :class:`_Deferred` stand-in, and that first call swaps every stand-in, wherever a module
     bound it, for its numba dispatcher (a compiled function calls others by their global name,
     which must be a dispatcher by then)."""

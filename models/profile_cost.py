@@ -359,7 +359,7 @@ def decode_dense_max_compiled(
                 k = np.ceil(tok / tile)
                 n = kind_nsteps[g]
                 if n and k <= n:
-                    cost = 0.0 if k < 1 else kind_steps[g, int(max(k, 1.0)) - 1]
+                    cost = 0.0 if k < 1 else kind_steps[g, int(k) - 1]
                 else:
                     cost = kind_b[g] * tile * k
             t = t + kind_layers[g] * max(kind_w[g], cost)

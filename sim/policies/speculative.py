@@ -300,9 +300,8 @@ def survival_compiled(
             survival[j, i] = s
         if lagged:
             valid[i] = live[i]
-        if not live[i]:
-            for j in range(depth):
-                survival[j, i] = survival[j, i] * 0.0
+        if not live[i]:  # a hole: × 0 in the reference, and every survival is finite, >= 0
+            survival[:, i] = 0.0
     return survival
 
 

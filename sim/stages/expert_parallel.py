@@ -280,14 +280,11 @@ def imbalance_factor_compiled(
             t = tokens[0, s] * k
             mean = share[0, lay, r] * t
             var = q2[0, lay, r] * t
-            if classes == 1:
-                var += bias[0, lay, r] * (sq_tokens[0, s] * kk)
-            else:
-                var = var + (sq_tokens[0, s] * kk) * bias[0, lay, r]
-                for c in range(1, classes):
-                    tc = tokens[c, s] * k
-                    mean += tc * share[c, lay, r]
-                    var += tc * q2[c, lay, r] + (sq_tokens[c, s] * kk) * bias[c, lay, r]
+            var += bias[0, lay, r] * (sq_tokens[0, s] * kk)
+            for c in range(1, classes):  # the classes in turn, as numpy sums axis 0
+                tc = tokens[c, s] * k
+                mean += tc * share[c, lay, r]
+                var += tc * q2[c, lay, r] + (sq_tokens[c, s] * kk) * bias[c, lay, r]
             x = math.sqrt(var) * z[lay, r] + mean
             loads[lay, r] = x if x > 0.0 else 0.0
     total = pairwise_sum(loads, block)
