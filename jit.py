@@ -33,6 +33,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from . import fpmath
+from .cache import cache_folder
 
 __all__ = [
     "COMPILED",
@@ -157,19 +158,14 @@ def _dispatcher(numba: Any, fn: Callable[..., Any], cache: bool) -> Callable[...
 
 def _cache_folder() -> str | None:
     """Where the compiled functions are cached: ``NUMBA_CACHE_DIR`` if the user set one (numba
-    then uses it as it is: None here), else ``$XDG_CACHE_HOME/deepinfer-sim/numba`` (by default
-    under ``~/.cache``) — never beside the installed modules, where numba would put them and
-    ``pip uninstall`` would leave them behind (a later editable install then found a stale
-    ``deepinfer_sim`` folder in site-packages). "" (no cache) when that folder cannot be made."""
+    then uses it as it is: None here), else the package's cache folder ``numba``
+    (:func:`~deepinfer_sim.cache.cache_folder`) — never beside the installed modules, where numba
+    would put them and ``pip uninstall`` would leave them behind (a later editable install then
+    found a stale ``deepinfer_sim`` folder in site-packages). "" (no cache) when that folder
+    cannot be made."""
     if os.environ.get("NUMBA_CACHE_DIR"):
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    folder = os.path.join(base, "deepinfer-sim", "numba")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError:
-        return ""
-    return folder if os.access(folder, os.W_OK) else ""
+    return cache_folder("numba")
 
 
 _PAIRWISE_BLOCK = 128  # numpy's PW_BLOCKSIZE

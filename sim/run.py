@@ -94,14 +94,14 @@ def simulate(
     _release_blocks(cl)
     wall = time.perf_counter() - wall0
     itl_stats, itl_max = itl_summary(cl.table, cl.decode, sc.sim.percentiles)
-    timeseries = sampler.frame()
+    timeseries = sampler.table()
     summary = summarize(
         cl, itl_stats, wall, sampler.read_gbps_peak, sampler.queue_stats(), timeseries
     )
     return Result(
         scenario=sc,
-        requests=cl.table.frame(itl_max),
-        timeseries=timeseries,
+        request_table=cl.table.columns(itl_max),
+        timeseries_table=timeseries,
         summary=summary,
     )
 

@@ -10,7 +10,9 @@ Prefix information uses a CSR layout: request ``i`` owns the block-hash ids
 ``block_hashes[block_offsets[i]:block_offsets[i + 1]]``, one id per ``block_tokens`` tokens of
 its prompt (the last block may be partial). Ids are *chained*: two requests that carry the same
 id at the same position share the whole prefix up to and including that block, which is what a
-prefix cache can reuse.
+prefix cache can reuse. Ids are int64 values; they are kept in 4 bytes each when every one fits
+(trace and generated ids are counters: a million-request workload holds ~40 M references), and
+:meth:`RequestSource.blocks` hands them out as int64, so nothing downstream sees the difference.
 
 The arrays of a source built by :meth:`RequestSource.from_columns` or by any derived operation
 are read-only, so one source can be shared by many scenarios without one run changing another's
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # imported by to_frame() only: start-up does not pay for pand
 __all__ = ["RequestSource"]
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
+_INT32 = np.iinfo(np.int32)
 
 _INT_COLUMNS = {
     "input_len": np.int64,
@@ -73,6 +76,22 @@ def _as_column(values: Any, dtype: type, field: str, copy: bool = True) -> np.nd
     return arr.astype(target, copy=copy)
 
 
+def _id_dtype(low: int, high: int) -> type:
+    """The narrowest of int32 and int64 that holds block ids from ``low`` to ``high``."""
+    return np.int32 if _INT32.min <= low and high <= _INT32.max else np.int64
+
+
+def _block_id_column(values: Any, copy: bool) -> np.ndarray:
+    """Block ids as int64 values (refusing what int64 cannot hold), stored as int32 when every
+    one fits; copied unless ``copy`` is False and they already are such an array."""
+    if isinstance(values, np.ndarray) and values.dtype == np.int32:
+        return _as_column(values, np.int32, "block_hashes", copy)
+    arr = _as_column(values, np.int64, "block_hashes", copy=False)
+    if arr.size and _id_dtype(int(arr.min()), int(arr.max())) is np.int32:
+        return arr.astype(np.int32)
+    return arr.copy() if copy and arr is values else arr
+
+
 _CHUNK_REFS = 1 << 20
 """Block references gathered per step: bounds the temporaries of a gather to a few MB."""
 
@@ -106,8 +125,8 @@ def _copy_rows(
         c = counts[a:b]
         local = np.arange(ends[a], ends[b], dtype=np.int64) - np.repeat(ends[a:b], c)
         src = hashes[np.repeat(starts[a:b], c) + local]
-        if low or base:
-            src = (src - low) + base  # ids >= low: no int64 wrap (merge checks the top)
+        if low or base:  # ids >= low: no int64 wrap (merge checks the top)
+            src = (src.astype(np.int64) - low) + base
         out[np.repeat(out_starts[a:b], c) + local] = src
 
 
@@ -133,10 +152,12 @@ def _merged_hashes(
     bases: list[int],
     order: np.ndarray,
     offsets: np.ndarray,
+    top: int,
 ) -> np.ndarray:
     """The block ids of merged ``sources``, rows in ``order`` (of their concatenation), each
-    source's ids moved from ``lows[k]`` up to ``bases[k]``, written straight into place."""
-    out = np.empty(int(offsets[-1]), dtype=np.int64)
+    source's ids moved from ``lows[k]`` up to ``bases[k]``, written straight into place (as
+    int32 when ``top``, the largest, fits)."""
+    out = np.empty(int(offsets[-1]), dtype=_id_dtype(0, top))
     dest = np.empty(len(order), dtype=np.int64)
     dest[order] = np.arange(len(order), dtype=np.int64)
     first = 0
@@ -165,8 +186,8 @@ class RequestSource:
     """Tokens to generate (>= 1)."""
     block_offsets: npt.NDArray[np.int64]
     """CSR row pointers into ``block_hashes``; length ``n + 1``."""
-    block_hashes: npt.NDArray[np.int64]
-    """Chained prefix-block ids of all requests, concatenated."""
+    block_hashes: npt.NDArray[np.int32] | npt.NDArray[np.int64]
+    """Chained prefix-block ids of all requests, concatenated (int32 when every id fits)."""
     traffic_class: npt.NDArray[np.int8]
     """Codes into ``class_names``."""
     class_names: tuple[str, ...]
@@ -217,7 +238,12 @@ class RequestSource:
             "image_count": np.zeros(n, np.int16) if image_count is None else image_count,
             "session_id": np.full(n, -1, np.int64) if session_id is None else session_id,
         }
-        arrays = {k: _as_column(v, _INT_COLUMNS[k], k, copy) for k, v in columns.items()}
+        arrays = {
+            k: _block_id_column(v, copy)
+            if k == "block_hashes"
+            else _as_column(v, _INT_COLUMNS[k], k, copy)
+            for k, v in columns.items()
+        }
         if isinstance(class_names, str):
             raise ValueError("class_names: expected a sequence of names, got one string")
         source = cls(
@@ -253,8 +279,10 @@ class RequestSource:
         )
 
     def blocks(self, i: int) -> npt.NDArray[np.int64]:
-        """The prefix-block ids of request ``i`` (a read-only view)."""
-        return self.block_hashes[self.block_offsets[i] : self.block_offsets[i + 1]]
+        """The prefix-block ids of request ``i``, int64 (a read-only view, or a copy of ids
+        kept in 4 bytes)."""
+        ids = self.block_hashes[self.block_offsets[i] : self.block_offsets[i + 1]]
+        return ids if ids.dtype == np.int64 else ids.astype(np.int64)
 
     @property
     def n_blocks(self) -> npt.NDArray[np.int64]:
@@ -276,7 +304,8 @@ class RequestSource:
             arr = getattr(self, field)
             if not isinstance(arr, np.ndarray) or arr.ndim != 1:
                 raise ValueError(f"{field}: expected a 1-D numpy array")
-            if arr.dtype != dtype:
+            allowed = (np.int32, np.int64) if field == "block_hashes" else (dtype,)
+            if arr.dtype not in allowed:
                 raise ValueError(f"{field}: expected dtype {np.dtype(dtype)}, got {arr.dtype}")
             if field == "block_offsets":
                 expected = n + 1
@@ -481,7 +510,7 @@ class RequestSource:
         order = np.argsort(arrival, kind="stable")
         offsets = np.zeros(len(order) + 1, dtype=np.int64)
         np.cumsum(np.concatenate([s.n_blocks for s in sources])[order], out=offsets[1:])
-        hashes = _merged_hashes(sources, lows, bases, order, offsets)
+        hashes = _merged_hashes(sources, lows, bases, order, offsets, next_hash - 1)
 
         def rows(parts: list[np.ndarray]) -> np.ndarray:
             return np.concatenate(parts)[order]

@@ -107,7 +107,7 @@ class ReuseGaps:
         return len(self.row)
 
 
-def _previous_access(hashes: npt.NDArray[np.int64]) -> np.ndarray:
+def _previous_access(hashes: npt.NDArray[np.int32] | npt.NDArray[np.int64]) -> np.ndarray:
     """For each position ``a``, the last earlier position holding the same id.
 
     A first occurrence gets ``a - (n + 1)`` instead (negative, and consecutive first occurrences
@@ -126,7 +126,7 @@ def _previous_access(hashes: npt.NDArray[np.int64]) -> np.ndarray:
     rest = np.flatnonzero(repeat)
     if len(rest) == 0:
         return prev
-    ids, pos = _group_by_id(hashes.take(rest), rest, n)
+    ids, pos = _group_by_id(hashes.take(rest).astype(np.int64, copy=False), rest, n)
     # each reference follows the one before it in its id's group; the first of a group follows
     # the id's record, if it has one
     head = np.empty(len(ids), dtype=bool)
@@ -147,7 +147,9 @@ run cuts, the record lookup): a step's temporaries stay in the CPU cache, and no
 an array as long as the references."""
 
 
-def _not_records(hashes: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.bool_], int]:
+def _not_records(
+    hashes: npt.NDArray[np.int32] | npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.bool_], int]:
     """Whether each id is at most some earlier one, i.e. is not a record; and the largest id
     (n >= 1)."""
     n = len(hashes)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
-import pandas as pd
 
 from ...traces import RequestSource
+from ..results.columns import Categorical, Columns
 
 
 class State(IntEnum):
@@ -81,8 +81,9 @@ class RequestTable:
         self.state[rid] = State.REJECTED
         self.reject_reason[rid] = reason
 
-    def frame(self, itl_max: np.ndarray) -> pd.DataFrame:
-        """One row per request (the ``requests.parquet`` table)."""
+    def columns(self, itl_max: np.ndarray) -> Columns:
+        """One row per request (the ``requests.parquet`` table); the table's own arrays, not a
+        second copy of every one."""
         src = self.source
         out = self.output_len
         first = self.t_transfer_end
@@ -90,22 +91,17 @@ class RequestTable:
         decode_tokens = np.maximum(out - 1, 0)
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(decode_tokens > 0, (self.t_done - first) / decode_tokens, np.nan)
-        names = pd.Index(list(src.class_names))
-        classes = pd.Categorical.from_codes(src.traffic_class, categories=names)
-        # copy=False: the columns are the table's own arrays, not a second copy of every one
-        return pd.DataFrame(
+        return Columns(
             {
                 "request_id": np.arange(self.n),
                 "arrival_s": self.arrival,
-                "traffic_class": classes,
+                "traffic_class": Categorical(src.traffic_class, tuple(src.class_names)),
                 "input_tokens": self.input_len,
                 "output_tokens": out,
                 "images": src.image_count,
-                "state": pd.Categorical.from_codes(
-                    self.state, pd.Index([s.name.lower() for s in State])
-                ),
-                "reject_reason": pd.Categorical.from_codes(
-                    self.reject_reason, pd.Index([r.name.lower() for r in RejectReason])
+                "state": Categorical(self.state, tuple(s.name.lower() for s in State)),
+                "reject_reason": Categorical(
+                    self.reject_reason, tuple(r.name.lower() for r in RejectReason)
                 ),
                 "vision_instance": self.vision_instance,
                 "prefill_instance": self.prefill_instance,
@@ -130,11 +126,8 @@ class RequestTable:
                 "rank_failures": self.failures,
                 "prefix_hit_tokens": self.hit_tokens,
                 "tier": self.tier,
-                "swa": pd.Categorical.from_codes(
-                    self.swa_lookup, pd.Index(["none", "miss", "local", "remote"])
-                ),
+                "swa": Categorical(self.swa_lookup, ("none", "miss", "local", "remote")),
                 "encoder_replay_tokens": self.enc_replay,
                 "decoder_replay_tokens": self.dec_replay,
-            },
-            copy=False,
+            }
         )

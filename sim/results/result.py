@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ...scenario import Scenario, dump_scenario
+from .columns import Columns
 from .files import Output, atomic_write, text_output, write_outputs, write_text
 from .metrics import round_floats
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
 
 __all__ = ["Result", "write_parquet", "write_run_error", "write_text"]
 
@@ -29,36 +34,50 @@ _ROW_GROUP = 1 << 18
 whole frame."""
 
 
-def _write_parquet_to(frame: pd.DataFrame, where: Any) -> None:
+def _arrow_parts(table: pd.DataFrame | Columns) -> Iterator[pa.Table]:
+    """``table`` as Arrow tables of :data:`_ROW_GROUP` rows (a DataFrame through
+    ``from_pandas``, without its index)."""
+    if isinstance(table, Columns):
+        yield from table.arrow_parts(_ROW_GROUP)
+        return
     import pyarrow as pa
+
+    first = pa.Table.from_pandas(table.iloc[:_ROW_GROUP], preserve_index=False)
+    yield first
+    for start in range(_ROW_GROUP, len(table), _ROW_GROUP):
+        part = table.iloc[start : start + _ROW_GROUP]
+        yield pa.Table.from_pandas(part, schema=first.schema, preserve_index=False)
+
+
+def _write_parquet_to(table: pd.DataFrame | Columns, where: Any) -> None:
     import pyarrow.parquet as pq
 
-    first = pa.Table.from_pandas(frame.iloc[:_ROW_GROUP], preserve_index=False)
+    parts = _arrow_parts(table)
+    first = next(parts)
     with pq.ParquetWriter(where, first.schema) as out:
         out.write_table(first)
-        for start in range(_ROW_GROUP, len(frame), _ROW_GROUP):
-            part = frame.iloc[start : start + _ROW_GROUP]
-            out.write_table(pa.Table.from_pandas(part, schema=first.schema, preserve_index=False))
+        for part in parts:
+            out.write_table(part)
 
 
-def parquet_bytes(frame: pd.DataFrame) -> int:
-    """The size of ``frame``'s parquet file, measured by writing it to a sink that keeps
+def parquet_bytes(table: pd.DataFrame | Columns) -> int:
+    """The size of ``table``'s parquet file, measured by writing it to a sink that keeps
     nothing."""
     import pyarrow as pa
 
     sink = pa.MockOutputStream()
-    _write_parquet_to(frame, sink)
+    _write_parquet_to(table, sink)
     return int(sink.size())
 
 
-def write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    """``frame`` as a parquet file (no index), a row group at a time, written atomically; a
+def write_parquet(table: pd.DataFrame | Columns, path: Path) -> None:
+    """``table`` as a parquet file (no index), a row group at a time, written atomically; a
     failure is an :class:`~.files.OutputError` naming ``path``."""
-    atomic_write(path, lambda tmp: _write_parquet_to(frame, tmp), lambda: parquet_bytes(frame))
+    atomic_write(path, lambda tmp: _write_parquet_to(table, tmp), lambda: parquet_bytes(table))
 
 
-def parquet_output(name: str, frame: pd.DataFrame) -> Output:
-    return Output(name, lambda p: write_parquet(frame, p), lambda: parquet_bytes(frame))
+def parquet_output(name: str, table: pd.DataFrame | Columns) -> Output:
+    return Output(name, lambda p: write_parquet(table, p), lambda: parquet_bytes(table))
 
 
 def write_run_error(out: Path, exc: BaseException) -> None:
@@ -80,10 +99,28 @@ def write_run_error(out: Path, exc: BaseException) -> None:
 
 @dataclass
 class Result:
+    """A run: its scenario, its tables as columns (``request_table``, ``timeseries_table``;
+    ``requests`` and ``timeseries`` give them as DataFrames) and its summary."""
+
     scenario: Scenario
-    requests: pd.DataFrame
-    timeseries: pd.DataFrame
+    request_table: Columns
+    timeseries_table: Columns
     summary: dict[str, Any]
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (``requests.parquet``), built on first use."""
+        if "requests" not in self._frames:
+            self._frames["requests"] = self.request_table.to_pandas()
+        return self._frames["requests"]
+
+    @property
+    def timeseries(self) -> pd.DataFrame:
+        """One row per time-series sample (``timeseries.parquet``), built on first use."""
+        if "timeseries" not in self._frames:
+            self._frames["timeseries"] = self.timeseries_table.to_pandas()
+        return self._frames["timeseries"]
 
     def summary_json(self) -> str:
         return json.dumps(round_floats(self.summary), indent=2, sort_keys=False) + "\n"
@@ -96,8 +133,8 @@ class Result:
         outputs = [
             text_output("config.resolved.yaml", dump_scenario(self.scenario)),
             text_output("summary.json", self.summary_json()),
-            parquet_output("timeseries.parquet", self.timeseries),
-            parquet_output("requests.parquet", self.requests),
+            parquet_output("timeseries.parquet", self.timeseries_table),
+            parquet_output("requests.parquet", self.request_table),
         ]
         if plots:
             from .plots import plots_output

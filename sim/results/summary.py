@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from ..core.cluster import Cluster
+    from .columns import Columns
 
 
 def _cost(cl: Cluster, rep: Reports, makespan: float) -> dict[str, Any]:
@@ -453,16 +454,16 @@ def _offered_load(cl: Cluster) -> dict[str, Any]:
     }
 
 
-def _peak_output_tok_per_s(cl: Cluster, timeseries: pd.DataFrame | None) -> float | None:
+def _peak_output_tok_per_s(cl: Cluster, timeseries: pd.DataFrame | Columns | None) -> float | None:
     """Most output tokens delivered in one time-series interval, over the interval's nominal
     width (a final, shorter interval too, as vLLM's last 1 s bucket): the decode tokens the
     interval's row counted plus the first tokens (delivered with the KV hand-off) that fell in
     it. None without time-series rows."""
     if timeseries is None or timeseries.empty:
         return None
-    ends = timeseries["t_s"].to_numpy(dtype=float)
+    ends = np.asarray(timeseries["t_s"], dtype=float)
     edges = np.concatenate([[0.0], ends])
-    decoded = timeseries["output_tok_per_s"].to_numpy(dtype=float) * np.diff(edges)
+    decoded = np.asarray(timeseries["output_tok_per_s"], dtype=float) * np.diff(edges)
     first = cl.table.t_transfer_end
     first = first[np.isfinite(first)]
     firsts = np.histogram(first, bins=edges)[0] if edges.size > 1 else np.zeros(0)
@@ -490,7 +491,7 @@ def summarize(
     wall_s: float,
     read_gbps_peak: float = 0.0,
     queues: dict[str, dict[str, float]] | None = None,
-    timeseries: pd.DataFrame | None = None,
+    timeseries: pd.DataFrame | Columns | None = None,
 ) -> dict[str, Any]:
     """The run's summary.json. ``itl_stats`` is :func:`~deepinfer_sim.sim.results.itl.itl_summary`'s
     (``itl_s`` per decode step, ``itl_per_token_s``); ``timeseries`` gives the peak output

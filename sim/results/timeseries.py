@@ -23,9 +23,9 @@ from array import array
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from ..core.requests import State
+from .columns import Columns
 from .reports import Report, Reports
 
 if TYPE_CHECKING:
@@ -84,10 +84,10 @@ class ColumnLog:
             return np.array(col, dtype=np.int64 if col.typecode == "q" else np.float64)
         return np.asarray(col)
 
-    def frame(self) -> pd.DataFrame:
+    def table(self) -> Columns:
         if not self.rows:
-            return pd.DataFrame()
-        return pd.DataFrame({key: self.column(key) for key in self.columns})
+            return Columns()
+        return Columns({key: self.column(key) for key in self.columns})
 
 
 def _is_int(value: Any) -> bool:
@@ -218,8 +218,8 @@ class TimeseriesSampler:
             return float("nan")
         return (now[f"{pool}_eplb_sum"] - self._prev[f"{pool}_eplb_sum"]) / steps
 
-    def frame(self) -> pd.DataFrame:
-        return self.log.frame()
+    def table(self) -> Columns:
+        return self.log.table()
 
     def queue_stats(self) -> dict[str, dict[str, float]]:
         """Queue depth per pool over the run's samples (one every ``interval``): mean, p99 and

@@ -26,10 +26,10 @@ def test_column_log_infers_dtypes_as_pandas_does_from_rows() -> None:
     log = ColumnLog()
     for row in rows:
         log.append(row)
-    got, want = log.frame(), pd.DataFrame(rows)
+    got, want = log.table().to_pandas(), pd.DataFrame(rows)
     pd.testing.assert_frame_equal(got, want)
     assert log.column("n").tolist() == [3, 4, 5]
-    assert ColumnLog().frame().equals(pd.DataFrame([]))
+    assert ColumnLog().table().to_pandas().equals(pd.DataFrame([]))
 
 
 def test_parquet_is_written_a_row_group_at_a_time(

@@ -12,6 +12,7 @@ SKIP = {".venv", "build", "tests", "benchmarks", "scripts", "_scratch", ".git"}
 # a package may import only packages before it in this order (and itself)
 ORDER = (
     "errors",
+    "cache",
     "fpmath",
     "jit",
     "validation",

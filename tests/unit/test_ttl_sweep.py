@@ -218,7 +218,7 @@ def test_reuse_gaps_fall_back_to_argsort_for_sparse_ids():
     """Ids spread over the whole int64 range cannot be packed with positions into one key; the
     stable argsort path gives the same answer."""
     src = chained_source(200, seed=3)
-    spread = src.block_hashes * (1 << 40) - (1 << 62)
+    spread = src.block_hashes.astype(np.int64) * (1 << 40) - (1 << 62)
     wide = RequestSource.from_columns(
         arrival_s=src.arrival_s,
         input_len=src.input_len,
