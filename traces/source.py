@@ -157,7 +157,7 @@ def _merged_hashes(
     """The block ids of merged ``sources``, rows in ``order`` (of their concatenation), each
     source's ids moved from ``lows[k]`` up to ``bases[k]``, written straight into place (as
     int32 when ``top``, the largest, fits)."""
-    out = np.empty(int(offsets[-1]), dtype=_id_dtype(0, top))
+    out: np.ndarray = np.empty(int(offsets[-1]), dtype=_id_dtype(0, top))
     dest = np.empty(len(order), dtype=np.int64)
     dest[order] = np.arange(len(order), dtype=np.int64)
     first = 0
@@ -281,7 +281,7 @@ class RequestSource:
     def blocks(self, i: int) -> npt.NDArray[np.int64]:
         """The prefix-block ids of request ``i``, int64 (a read-only view, or a copy of ids
         kept in 4 bytes)."""
-        ids = self.block_hashes[self.block_offsets[i] : self.block_offsets[i + 1]]
+        ids: np.ndarray = self.block_hashes[self.block_offsets[i] : self.block_offsets[i + 1]]
         return ids if ids.dtype == np.int64 else ids.astype(np.int64)
 
     @property
