@@ -196,13 +196,19 @@ def make_prefix_store(sc: Scenario, model: ModelSpec, source: RequestSource) -> 
     if not prefix.enabled:
         return None
     block = source.block_tokens
+    ids = source.block_hashes
+    largest = int(ids.max()) if len(ids) else -1
     if sc.pools.storage.nodes:
         block_bytes = model.kv_bytes_per_token() * block
         return KvStore(
-            sc.pools.storage, source.class_names, block_bytes, stream(sc.seed, "storage")
+            sc.pools.storage,
+            source.class_names,
+            block_bytes,
+            stream(sc.seed, "storage"),
+            largest_id=largest,
         )
     cap = prefix.capacity_tokens
-    return MemoryPrefixStore(None if cap is None else max(1, cap // block))
+    return MemoryPrefixStore(None if cap is None else max(1, cap // block), largest_id=largest)
 
 
 def make_spec_decoder(

@@ -54,7 +54,10 @@ class KvStore:
         class_names: Sequence[str],
         block_bytes: float,
         rng: np.random.Generator,
+        largest_id: int = -1,
     ) -> None:
+        """``largest_id``: the workload's largest block id, when known (the block columns are
+        sized for it up front: :meth:`~.block_slots.BlockSlots.reserve`)."""
         self.cfg = cfg
         self.nodes = StorageNodes(cfg, rng)
         self.groups = self.nodes.groups
@@ -84,6 +87,7 @@ class KvStore:
             columns["age_pos"] = np.int32
         self.cols = SlotColumns(**columns)
         self.slots = BlockSlots(self.cols)
+        self.slots.reserve(largest_id)
         self.held = [0] * self.groups  # blocks per group
         # per group, blocks in least-recently-used order (marks: each class's sweep cursor
         # when reads refresh)

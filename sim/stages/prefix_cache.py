@@ -43,10 +43,13 @@ class MemoryPrefixStore:
 
     __slots__ = ("capacity", "cols", "evictions", "held", "order", "slots")
 
-    def __init__(self, capacity_blocks: int | None = None) -> None:
+    def __init__(self, capacity_blocks: int | None = None, largest_id: int = -1) -> None:
+        """``largest_id``: the workload's largest block id, when known (its slots are sized
+        up front: :meth:`BlockSlots.reserve`)."""
         self.capacity = capacity_blocks
         self.cols = SlotColumns(present=np.bool_, pos=np.int32)
         self.slots = BlockSlots(self.cols)
+        self.slots.reserve(largest_id)
         self.order = SlotQueue()
         self.held = 0
         self.evictions = 0

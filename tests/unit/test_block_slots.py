@@ -182,3 +182,25 @@ def test_a_repeated_held_block_moves_to_its_last_place() -> None:
     store.write(np.arange(300, 311, dtype=np.int64), 2.0, 0)  # 92 > 90: down to 50
     assert store.lookup(keys(0), 3.0) == 1 and store.lookup(keys(1), 3.0) == 0
     assert len(store) == 50 and store.check() == []
+
+
+def test_reserved_columns_never_grow_by_a_copy() -> None:
+    cols = SlotColumns(where=np.int16, age=np.float64)
+    slots = BlockSlots(cols)
+    slots.reserve(999)
+    assert cols.size == 1001
+    where = cols.where
+    got = slots.add(np.array([999, 0, 500], dtype=np.int64))
+    assert got.tolist() == [1000, 1, 501] and cols.where is where  # the same array: no regrowth
+    assert slots.find(np.array([7], dtype=np.int64)).tolist() == [8]  # never added: zero columns
+    assert cols.where[8] == 0
+
+
+@pytest.mark.parametrize("largest", [-1, 1 << 30])
+def test_reserve_is_a_no_op_for_keys_that_will_not_be_direct(largest: int) -> None:
+    cols = SlotColumns(where=np.int16)
+    BlockSlots(cols, direct_span=1 << 20).reserve(largest)
+    assert cols.size == 1
+    hashed = SlotColumns(where=np.int16)
+    BlockSlots(hashed, direct_span=0).reserve(10)
+    assert hashed.size == 1
