@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -157,18 +158,32 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
+def cuda_event_seconds(fn: Callable[[], Any]) -> float:
+    """Seconds ``fn``'s work takes on the current CUDA stream: events recorded around it, then
+    waited for."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end) / 1e3)
+
+
+def spawn_ranks(worker: Callable[..., Any], world: int, args: Any) -> None:
+    """Run ``worker(rank, world, init_method, args)`` in ``world`` local processes that meet at
+    a file in a temporary folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{tmp}/init"
+        torch.multiprocessing.spawn(worker, args=(world, init, args), nprocs=world, join=True)
+
+
 def time_once(fn: Any, device: torch.device) -> float:
     """Seconds one call of ``fn`` takes: CUDA events on CUDA (device synchronized first),
     perf_counter elsewhere."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end) / 1e3)
+        return cuda_event_seconds(fn)
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0

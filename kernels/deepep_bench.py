@@ -61,7 +61,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +69,7 @@ from typing import Any, Literal, Protocol, cast
 import numpy as np
 import torch
 
+from ._util import cuda_event_seconds, spawn_ranks
 from .ep import no_multicast_env
 
 no_multicast_env()  # before anything can create a communicator
@@ -638,13 +638,7 @@ class DeepEPExchange:
         torch.bmm(case.state["a"], self._weights)
 
     def elapsed(self, fn: Callable[[], None]) -> float:
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1e3
+        return cuda_event_seconds(fn)
 
     def concurrent(
         self, exchange: Callable[[], None], gemm: Callable[[], None]
@@ -1166,9 +1160,7 @@ def main(argv: list[str] | None = None) -> int:
     if torchrun:
         _worker(int(os.environ["RANK"]), world, "", args)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        init = f"file://{tmp}/init"
-        torch.multiprocessing.spawn(_worker, args=(world, init, args), nprocs=world, join=True)
+    spawn_ranks(_worker, world, args)
     return 0
 
 

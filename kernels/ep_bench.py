@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._util import spawn_ranks
 from .ep import combine, dispatch, no_multicast_env, time_all_to_all
 
 no_multicast_env()  # before anything can create a communicator
@@ -120,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "", args)
         return 0
     world = int(os.environ.get("WORLD_SIZE", 0)) or max(2, torch.cuda.device_count())
-    with tempfile.TemporaryDirectory() as tmp:
-        init = f"file://{tmp}/init"
-        torch.multiprocessing.spawn(_worker, args=(world, init, args), nprocs=world, join=True)
+    spawn_ranks(_worker, world, args)
     return 0
 
 
