@@ -37,11 +37,14 @@ from packaging.version import Version
 ROOT = Path(__file__).parents[2]
 FLOOR = ROOT / "constraints" / "floor.txt"
 # The CLI smoke matrix, the TTL sweep's own tests (where numpy 2.4 once broke `sweep ttl`) and
-# the compiled steps against their references (numba's oldest release compiling them for numpy's).
+# the compiled steps against their references (numba's oldest release compiling them for numpy's),
+# the run's tables written through Arrow without pandas, and block ids kept in 4 bytes.
 AT_THE_FLOOR = [
     "tests/integration/test_smoke_matrix.py",
     "tests/unit/test_ttl_sweep.py",
     "tests/unit/test_compiled_steps.py",
+    "tests/unit/test_run_start.py",
+    "tests/unit/test_block_id_width.py",
 ]
 
 # What pip prints when it cannot reach an index, as opposed to failing to resolve or build.
