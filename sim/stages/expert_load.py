@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ... import fpmath
+from ...jit import COMPILED, njit, pairwise_sum, sum_block
 from ...models.spec import ModelSpec
 from ...rng import log_dirichlet, normal, stream
 from ...scenario import ExpertLoad
@@ -156,7 +157,23 @@ def rank_moments(
 def slot_moments(
     pop: np.ndarray, slots: SlotWeights, het: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`rank_moments` for a placement already in :class:`SlotWeights` form."""
+    """:func:`rank_moments` for a placement already in :class:`SlotWeights` form (compiled,
+    :func:`slot_moments_compiled`, where the run takes the compiled steps)."""
+    if COMPILED:
+        c, layers, _ = pop.shape
+        out = (np.empty((c, layers, slots.ranks)) for _ in range(3))
+        share, q2, bias = out
+        slot_moments_compiled(
+            pop, slots.flat, slots.w1, slots.w2, het, share, q2, bias, sum_block()
+        )
+        return share, q2, bias
+    return slot_moments_reference(pop, slots, het)
+
+
+def slot_moments_reference(
+    pop: np.ndarray, slots: SlotWeights, het: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`slot_moments` in numpy: the reference of :func:`slot_moments_compiled`."""
     c, layers, _ = pop.shape
     per_slot = np.take(pop.reshape(c, -1), slots.flat, axis=1).reshape(c, layers, -1)  # (C, L, S)
     shape = (c, layers, slots.ranks, -1)
@@ -164,3 +181,41 @@ def slot_moments(
     q2 = (per_slot * slots.w2).reshape(shape).sum(axis=-1)
     bias = np.maximum(q2 - share * share, 0.0) * het[None, :, None]
     return share, q2, bias
+
+
+@njit
+def slot_moments_compiled(
+    pop: np.ndarray,
+    flat: np.ndarray,
+    w1: np.ndarray,
+    w2: np.ndarray,
+    het: np.ndarray,
+    share: np.ndarray,
+    q2: np.ndarray,
+    bias: np.ndarray,
+    block: int,
+) -> None:
+    """:func:`slot_moments_reference`, compiled, into ``share``, ``q2`` and ``bias`` (C, L, R):
+    each rank's slots summed in numpy's order (``block``: :func:`~deepinfer_sim.jit.sum_block`),
+    without the (C, L, S) temporaries."""
+    classes, layers, experts = pop.shape
+    ranks = share.shape[2]
+    slots = w1.shape[1]
+    per = slots // ranks
+    pop_flat = pop.reshape(classes, layers * experts)
+    terms1 = np.empty(per)
+    terms2 = np.empty(per)
+    for c in range(classes):
+        for lay in range(layers):
+            for r in range(ranks):
+                for j in range(per):
+                    s = r * per + j
+                    p = pop_flat[c, flat[lay * slots + s]]
+                    terms1[j] = p * w1[lay, s]
+                    terms2[j] = p * w2[lay, s]
+                a = pairwise_sum(terms1, block)
+                b = pairwise_sum(terms2, block)
+                share[c, lay, r] = a
+                q2[c, lay, r] = b
+                d = b - a * a
+                bias[c, lay, r] = (d if d >= 0.0 or d != d else 0.0) * het[lay]

@@ -39,6 +39,11 @@ from deepinfer_sim.sim.stages.decode import (
     slot_tokens,
     slot_tokens_compiled,
 )
+from deepinfer_sim.sim.stages.expert_load import (
+    SlotWeights,
+    slot_moments_compiled,
+    slot_moments_reference,
+)
 from deepinfer_sim.sim.stages.expert_parallel import imbalance_factor, imbalance_factor_compiled
 
 SIZES = [*range(0, 300), 511, 512, 513, 1000, 2560, 4096, 8192, 8193, 10_000, 40_000]
@@ -343,3 +348,29 @@ def test_count_at_least_compiled_is_the_reference() -> None:
         got = np.full(hw, -1, dtype=np.int64)
         count_at_least_compiled(survival, threshold, got)
         assert np.array_equal(got, (survival >= threshold).sum(axis=0))
+
+
+@pytest.mark.parametrize(("experts", "ranks", "redundant"), [(256, 64, 1), (384, 4, 4), (16, 1, 2)])
+def test_slot_moments_compiled_is_the_reference(experts: int, ranks: int, redundant: int) -> None:
+    """The per-rank moments under a placement: slots per rank from 5 (a decode group) to 100
+    (a prefill instance: numpy's 8-lane pairwise rows), redundant slots and empty ones."""
+    rng = np.random.default_rng(experts + ranks)
+    classes, layers = 3, 4
+    extra = redundant * ranks
+    phy2log = np.stack(
+        [
+            np.concatenate([rng.permutation(experts), rng.integers(0, experts + 1, extra)])
+            for _ in range(layers)
+        ]
+    )
+    replicas = np.zeros((layers, experts), dtype=np.int64)
+    for lay in range(layers):
+        np.add.at(replicas[lay], phy2log[lay][phy2log[lay] < experts], 1)
+    pop = rng.dirichlet(np.full(experts, 0.3), size=(classes, layers))
+    het = np.concatenate([[0.0], rng.uniform(0, 0.1, layers - 1)])
+    slots = SlotWeights(phy2log, replicas, ranks)
+    want = slot_moments_reference(pop, slots, het)
+    got = [np.empty((classes, layers, ranks)) for _ in range(3)]
+    slot_moments_compiled(pop, slots.flat, slots.w1, slots.w2, het, *got, jit.sum_block())
+    for a, b in zip(want, got, strict=True):
+        assert np.array_equal(a, b)
