@@ -370,7 +370,9 @@ def test_slot_moments_compiled_is_the_reference(experts: int, ranks: int, redund
     het = np.concatenate([[0.0], rng.uniform(0, 0.1, layers - 1)])
     slots = SlotWeights(phy2log, replicas, ranks)
     want = slot_moments_reference(pop, slots, het)
-    got = [np.empty((classes, layers, ranks)) for _ in range(3)]
-    slot_moments_compiled(pop, slots.flat, slots.w1, slots.w2, het, *got, jit.sum_block())
-    for a, b in zip(want, got, strict=True):
+    share, q2, bias = (np.empty((classes, layers, ranks)) for _ in range(3))
+    slot_moments_compiled(
+        pop, slots.flat, slots.w1, slots.w2, het, share, q2, bias, jit.sum_block()
+    )
+    for a, b in zip(want, (share, q2, bias), strict=True):
         assert np.array_equal(a, b)
