@@ -13,6 +13,8 @@ callbacks, and each request costs events only at arrival, stage hand-offs and co
 
 from __future__ import annotations
 
+import ctypes
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -44,6 +46,7 @@ def simulate(
     """Run one scenario. ``source`` overrides the scenario's workload (tests, notebooks);
     ``on_build`` sees the cluster before it starts (e.g. to record expert steps)."""
     wall0 = time.perf_counter()
+    _return_freed_memory()
     if source is None:
         source = build_source(sc.workload, sc.seed)
     check_run_size(sc, source.arrival_s)  # a run that would tick for hours is refused up front
@@ -104,6 +107,31 @@ def simulate(
         timeseries_table=timeseries,
         summary=summary,
     )
+
+
+_MMAP_THRESHOLD = -3  # glibc's mallopt parameter M_MMAP_THRESHOLD
+_MAPPED_FROM_BYTES = 1 << 20
+_MEMORY_SET: list[bool] = []
+
+
+def _return_freed_memory() -> None:
+    """Once per process, on glibc: blocks of 1 MiB and more are mapped on their own, so an array
+    that size goes back to the system when it is freed. glibc otherwise raises that threshold to
+    the largest block freed so far (up to 32 MiB), and the workload's and the results' temporary
+    arrays then stay in the heap: a 1 M-request run held 325 MiB after building its workload, 250
+    with this. Results do not change."""
+    if _MEMORY_SET:
+        return
+    _MEMORY_SET.append(True)
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (AttributeError, ValueError, OSError):  # not Unix, or not glibc
+        libc = ""
+    if not libc.startswith("glibc"):
+        return
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_MMAP_THRESHOLD, _MAPPED_FROM_BYTES)
 
 
 def _release_blocks(cl: Cluster) -> None:

@@ -310,19 +310,34 @@ class SlotQueue:
         """Keep the live entries at the start, renumbered, with ``room`` free after them; grow
         by a quarter when that would leave the queue more than 80 % full (so a queue of live
         entries holds at most ~1.25 entries per live one, and compacts at most every ~fifth of
-        its length pushed)."""
-        items, at = self.entries()
-        alive = live(items, at)
-        keep = items[alive]
-        if self.marks:  # a mark moves to the first kept entry at or after it
-            kept_at = at[alive]
-            marks = np.maximum(np.array(self.marks), self.head)
-            self.marks = np.searchsorted(kept_at, marks).tolist()
+        its length pushed). The entries move down in place, :data:`COMPACT_CHUNK` at a time, so
+        the temporaries stay small however long the queue (a 1 M-request store's LRU queue
+        holds ~9 M); only growing copies the kept entries into a new array."""
+        marks = np.maximum(np.array(self.marks, dtype=np.int64), self.head)
+        new_marks = np.zeros(len(marks), dtype=np.int64)
+        write = 0
+        for start in range(self.head, self.tail, COMPACT_CHUNK):
+            end = min(start + COMPACT_CHUNK, self.tail)
+            items, at = self.at(start, end - start)
+            alive = live(items, at)
+            keep = items[alive]  # a copy: writing below ``start`` cannot touch it
+            if len(marks):  # a mark moves to the first kept entry at or after it
+                here = (marks >= start) & (marks < end)
+                new_marks[here] = write + np.searchsorted(at[alive], marks[here])
+            self.items[write : write + len(keep)] = keep
+            pos[keep] = np.arange(write, write + len(keep), dtype=np.int32)
+            write += len(keep)
+        new_marks[marks >= self.tail] = write
+        self.marks = new_marks.tolist()
         size = len(self.items)
-        need = len(keep) + room
+        need = write + room
         if 5 * need > 4 * size:
             size = max(need + need // 4, 64)
-        new = np.zeros(size, dtype=np.int32) if size != len(self.items) else self.items
-        new[: len(keep)] = keep
-        pos[keep] = np.arange(len(keep), dtype=np.int32)
-        self.items, self.head, self.tail = new, 0, len(keep)
+            grown = np.zeros(size, dtype=np.int32)
+            grown[:write] = self.items[:write]
+            self.items = grown
+        self.head, self.tail = 0, write
+
+
+COMPACT_CHUNK = 1 << 20
+"""Queue entries a compaction reads at a time."""

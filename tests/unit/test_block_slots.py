@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from deepinfer_sim.scenario import StoragePool
+from deepinfer_sim.sim.stages import block_slots
 from deepinfer_sim.sim.stages.block_slots import BlockSlots, SlotColumns, SlotQueue
 from deepinfer_sim.sim.stages.kvstore import KvStore
 from deepinfer_sim.sim.stages.prefix_cache import MemoryPrefixStore
@@ -101,6 +102,47 @@ def test_compaction_moves_marks_with_the_entries() -> None:
     q.push(np.arange(100, 110), pos, live)  # full: compacts
     slots, _ = q.entries()
     assert slots[q.marks[0]] == 30 and slots[q.marks[1]] == 41
+
+
+def _compact_at_once(q: SlotQueue, pos: np.ndarray, live) -> tuple[list[int], list[int]]:
+    """What a compaction leaves (live entries in order, marks), computed over the whole queue."""
+    items, at = q.entries()
+    alive = live(items, at)
+    marks = np.maximum(np.array(q.marks, dtype=np.int64), q.head)
+    return items[alive].tolist(), np.searchsorted(at[alive], marks).tolist()
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
+def test_compaction_a_chunk_at_a_time_is_compaction_at_once(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(block_slots, "COMPACT_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    pos = np.zeros(500, dtype=np.int32)
+    member = np.zeros(500, dtype=bool)
+
+    def live(slots: np.ndarray, at: np.ndarray) -> np.ndarray:
+        return member[slots] & (pos[slots] == at)
+
+    q = SlotQueue(marks=3)
+    compactions = 0
+    for _ in range(300):
+        slots = rng.choice(np.arange(1, 500), size=int(rng.integers(1, 12)), replace=False)
+        member[slots] = True
+        member[rng.integers(1, 500, 4)] = False
+        if q.tail + len(slots) > len(q.items):  # this push compacts: predict it first
+            q.marks = sorted(int(m) for m in rng.integers(q.head, q.tail + 3, 3))
+            want_items, want_marks = _compact_at_once(q, pos, live)
+            q.push(slots, pos, live)
+            got, at = q.entries()
+            n = len(want_items)
+            assert got[:n].tolist() == want_items and q.marks == want_marks
+            kept = ~np.isin(got[:n], slots)  # (a slot pushed again has moved on since)
+            assert (pos[got[:n]][kept] == at[:n][kept]).all()  # every kept entry renumbered
+            compactions += 1
+        else:
+            q.push(slots, pos, live)
+    assert compactions >= 3
 
 
 # ---- the stores against the dict/OrderedDict definitions they replaced -------------------------
