@@ -69,7 +69,7 @@ from typing import Any, Literal, Protocol, cast
 import numpy as np
 import torch
 
-from ._util import cuda_event_seconds, spawn_ranks
+from ._util import FP8, FP8_MAX, cuda_event_seconds, spawn_ranks
 from .ep import no_multicast_env
 
 no_multicast_env()  # before anything can create a communicator
@@ -102,25 +102,33 @@ class ModelShape:
         return self.experts // world
 
 
-# The default models' shapes, for a GPU image without the registry's dependencies (pydantic,
-# PyYAML); a unit test keeps them equal to configs/models.
-BUILTIN_SHAPES = {
-    "deepseek-v3": ModelShape("deepseek-v3", 7168, 8, 256, 2048),
-    "deepseek-v4.1-flash": ModelShape("deepseek-v4.1-flash", 5120, 6, 384, 2304),
-}
+MODELS_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
 
 
 def model_shape(ref: str) -> ModelShape:
-    """A bundled model (``deepseek-v3``) or a model YAML path, through the model registry (or,
-    where its dependencies are missing, the built-in shapes of the default models)."""
+    """A bundled model (``deepseek-v3``) or a model YAML path, through the model registry; where
+    the registry's dependencies are missing (pydantic, on a bare GPU image), a bundled model's
+    YAML read as it is."""
     try:
         from ..models.registry import load_model
     except ImportError:
-        if ref in BUILTIN_SHAPES:
-            return BUILTIN_SHAPES[ref]
-        raise
+        return _yaml_shape(ref)
     m = load_model(ref)
     return ModelShape(m.name, m.hidden, m.moe.top_k, m.moe.routed_experts, m.moe.expert_width)
+
+
+def _yaml_shape(ref: str) -> ModelShape:
+    """A bundled model's shape from its file, unvalidated (PyYAML alone)."""
+    import yaml
+
+    path = MODELS_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        raise ImportError(f"no model registry here, and no bundled model {ref!r} ({path})")
+    spec = yaml.safe_load(path.read_text())
+    moe = spec["moe"]
+    return ModelShape(
+        spec["name"], spec["hidden"], moe["top_k"], moe["routed_experts"], moe["expert_width"]
+    )
 
 
 def shapes_for_world(
@@ -463,8 +471,8 @@ def per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     t, h = x.shape
     groups = x.float().view(t, h // FP8_GROUP, FP8_GROUP)
     amax = groups.abs().amax(dim=2).clamp_min(1e-4)
-    q = (groups * (448.0 / amax).unsqueeze(2)).to(torch.float8_e4m3fn).view(t, h)
-    scales = (amax / 448.0).contiguous()
+    q = (groups * (FP8_MAX / amax).unsqueeze(2)).to(FP8).view(t, h)
+    scales = (amax / FP8_MAX).contiguous()
     return q, scales.T.contiguous().T
 
 

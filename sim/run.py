@@ -14,6 +14,7 @@ callbacks, and each request costs events only at arrival, stage hand-offs and co
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import time
 import warnings
@@ -111,18 +112,15 @@ def simulate(
 
 _MMAP_THRESHOLD = -3  # glibc's mallopt parameter M_MMAP_THRESHOLD
 _MAPPED_FROM_BYTES = 1 << 20
-_MEMORY_SET: list[bool] = []
 
 
+@functools.cache
 def _return_freed_memory() -> None:
     """Once per process, on glibc: blocks of 1 MiB and more are mapped on their own, so an array
     that size goes back to the system when it is freed. glibc otherwise raises that threshold to
     the largest block freed so far (up to 32 MiB), and the workload's and the results' temporary
     arrays then stay in the heap: a 1 M-request run held 325 MiB after building its workload, 250
     with this. Results do not change."""
-    if _MEMORY_SET:
-        return
-    _MEMORY_SET.append(True)
     try:
         libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
     except (AttributeError, ValueError, OSError):  # not Unix, or not glibc

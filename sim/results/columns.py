@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -50,9 +50,6 @@ class Columns:
     def empty(self) -> bool:
         """No rows (or no columns), as a DataFrame's ``empty``."""
         return not self.columns or not self.rows
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.columns
 
     def __getitem__(self, name: str) -> np.ndarray:
         """A numeric column's values, or a categorical one's labels (None where it has none)."""
@@ -132,8 +129,3 @@ def _strings(values: tuple[str, ...]) -> pa.Array:
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     chunks = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
     return pa.Array.from_buffers(pa.string(), len(encoded), chunks)
-
-
-def as_frame(table: Any) -> pd.DataFrame:
-    """``table`` as a DataFrame: a :class:`Columns` converted, a DataFrame as it is."""
-    return table.to_pandas() if isinstance(table, Columns) else table

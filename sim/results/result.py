@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,21 +107,16 @@ class Result:
     request_table: Columns
     timeseries_table: Columns
     summary: dict[str, Any]
-    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, repr=False, compare=False)
 
-    @property
+    @cached_property
     def requests(self) -> pd.DataFrame:
         """One row per request (``requests.parquet``), built on first use."""
-        if "requests" not in self._frames:
-            self._frames["requests"] = self.request_table.to_pandas()
-        return self._frames["requests"]
+        return self.request_table.to_pandas()
 
-    @property
+    @cached_property
     def timeseries(self) -> pd.DataFrame:
         """One row per time-series sample (``timeseries.parquet``), built on first use."""
-        if "timeseries" not in self._frames:
-            self._frames["timeseries"] = self.timeseries_table.to_pandas()
-        return self._frames["timeseries"]
+        return self.timeseries_table.to_pandas()
 
     def summary_json(self) -> str:
         return json.dumps(round_floats(self.summary), indent=2, sort_keys=False) + "\n"

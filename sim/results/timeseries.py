@@ -85,9 +85,7 @@ class ColumnLog:
         return np.asarray(col)
 
     def table(self) -> Columns:
-        if not self.rows:
-            return Columns()
-        return Columns({key: self.column(key) for key in self.columns})
+        return Columns({key: self.column(key) for key in self.columns})  # no rows: no columns
 
 
 def _is_int(value: Any) -> bool:

@@ -161,8 +161,7 @@ def slot_moments(
     :func:`slot_moments_compiled`, where the run takes the compiled steps)."""
     if COMPILED:
         c, layers, _ = pop.shape
-        out = (np.empty((c, layers, slots.ranks)) for _ in range(3))
-        share, q2, bias = out
+        share, q2, bias = (np.empty((c, layers, slots.ranks)) for _ in range(3))
         slot_moments_compiled(
             pop, slots.flat, slots.w1, slots.w2, het, share, q2, bias, sum_block()
         )

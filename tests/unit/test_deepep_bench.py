@@ -66,8 +66,8 @@ def test_model_shapes_from_the_registry():
     assert (v3.hidden, v3.top_k, v3.experts, v3.expert_width) == (7168, 8, 256, 2048)
     assert (v41.hidden, v41.top_k, v41.experts) == (5120, 6, 384)
     # the fallback for a GPU image without pydantic must say the same
-    for name, shape in db.BUILTIN_SHAPES.items():
-        assert db.model_shape(name) == shape
+    for name in ("deepseek-v3", "deepseek-v4.1-flash"):
+        assert db._yaml_shape(name) == db.model_shape(name)
 
 
 @pytest.mark.parametrize(
@@ -382,8 +382,9 @@ def test_refusals_are_recorded_and_the_rest_runs(tmp_path):
         db.run_bench(_Refusing(2), cfg, None, shapes=shapes[::-1], log=lambda _: None)
 
 
-def test_builtin_shapes_stand_in_for_a_registry_that_does_not_import(monkeypatch):
+def test_the_model_files_stand_in_for_a_registry_that_does_not_import(monkeypatch):
+    want = db.model_shape("deepseek-v3")
     monkeypatch.setitem(sys.modules, "deepinfer_sim.models.registry", None)  # import fails
-    assert db.model_shape("deepseek-v3") is db.BUILTIN_SHAPES["deepseek-v3"]
+    assert db.model_shape("deepseek-v3") == want
     with pytest.raises(ImportError):
-        db.model_shape("deepseek-v4-pro")
+        db.model_shape("no-such-model")
