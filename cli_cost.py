@@ -145,7 +145,6 @@ def cost(
              limit, with the fastest per-user speed
     """
     from .planner.analysis import steady
-    from .scenario import load_scenario
 
     if json_file:
         writable_file(json_file, "--json")
@@ -168,7 +167,6 @@ def cost(
     for name in foreign:
         if given[name] is not None:
             raise UserError(f"{_flag(name)} does not apply to --pool {pool}")
-    over = _overrides(overrides, cost_model, (pool,))
     if curve:
         if pool != "decode":
             raise UserError("--curve applies to --pool decode")
@@ -177,7 +175,9 @@ def cost(
                 raise UserError(f"{_flag(name)}: --curve runs every batch; give one or the other")
         if context is None:
             raise UserError("--context is required with --curve")
-        _cost_curve(load_scenario(config, over), context, verify, accept, json_file)
+        _cost_curve(
+            _load(config, overrides, cost_model, (pool,)), context, verify, accept, json_file
+        )
         return
     if pool == "decode":
         if context is None:
@@ -191,7 +191,7 @@ def cost(
     elif prompt is None:
         raise UserError("--prompt is required with --pool prefill")
 
-    sc = load_scenario(config, over)
+    sc = _load(config, overrides, cost_model, (pool,))
     notes: list[str] = []
     if pool == "decode":
         assert context is not None
@@ -301,6 +301,8 @@ def _print_band(sc: Scenario, pool: str) -> dict[str, Any]:
     band = band_for(sc, pool)
     if band is None:
         return {}
+    if sc.aggregated:
+        pool = "aggregated"
     model = sc.cost_model.for_pool(pool)
     console().print(f"error band: {pool} ({model}): {band.text()}", soft_wrap=True, markup=False)
     return {"error_band": {"band": band.band, "cases": band.cases, "alike": band.alike}}
@@ -317,16 +319,21 @@ def _print_precision(sc: Scenario, pool: str) -> dict[str, Any]:
     return {"precision": rule.as_dict()}
 
 
-def _overrides(
-    overrides: tuple[str, ...], cost_model: str | None, pools: tuple[str, ...]
-) -> list[str]:
-    """--set overrides, plus --cost-model for each of ``pools``."""
-    over = list(overrides)
-    if cost_model is not None:
-        if not cost_model.strip():
-            raise UserError("--cost-model: empty; give roofline or a profile name or path")
-        over += [f"cost_model.{p}={cost_model}" for p in pools]
-    return over
+def _load(
+    config: Any, overrides: tuple[str, ...], cost_model: str | None, pools: tuple[str, ...]
+) -> Scenario:
+    """The scenario with its --set overrides, and --cost-model on ``pools`` — on the aggregated
+    pool where the scenario serves aggregated (its steps are that pool's, whichever phase is
+    asked for)."""
+    from .scenario import load_scenario
+
+    sc = load_scenario(config, list(overrides))
+    if cost_model is None:
+        return sc
+    if not cost_model.strip():
+        raise UserError("--cost-model: empty; give roofline or a profile name or path")
+    targets = ("aggregated",) if sc.aggregated else pools
+    return load_scenario(config, [*overrides, *(f"cost_model.{p}={cost_model}" for p in targets)])
 
 
 def _cost_case(
@@ -340,7 +347,7 @@ def _cost_case(
 ) -> None:
     """``--case``: one case of a published case file, costed at its point and compared."""
     from .planner.analysis import published
-    from .scenario import is_case_file, load_scenario, scenario_path
+    from .scenario import is_case_file, scenario_path
     from .validation import read_yaml
 
     for name, value in given.items():
@@ -360,10 +367,13 @@ def _cost_case(
         raise UserError(f"--pool {pool}: case {case.name!r} is a {case_pool} case")
     # the case's own overrides, then both pools on one cost model as validate does (the case's
     # scenario names one for the two), then the command line's
-    sc = load_scenario(path, [*case.set, *_overrides(overrides, cost_model, ("prefill", "decode"))])
+    sc = _load(path, (*case.set, *overrides), cost_model, ("prefill", "decode"))
     value, point = published.case_point(case, sc)
     res = published.result(cf, case, point.cost_model, value, point.step_s)
-    _print_point(point, _case_notes(res))
+    if case.quantity in published.SIMULATED:
+        _print_burst(case, point, _case_notes(res))
+    else:
+        _print_point(point, _case_notes(res))
     rule = _print_precision(sc, point.pool)
     if json_file:
         out = {**point.as_dict(), "case": res.as_dict(), **rule}
@@ -378,6 +388,26 @@ def _pick_case(cf: Any, ref: str, path: Any) -> Any:
         return cf.cases[names.index(ref)]
     listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names, 1))
     raise UserError(f"--case {ref!r}: {path} has no such case ({listing})")
+
+
+def _print_burst(case: Any, p: SteadyPoint, notes: list[str]) -> None:
+    """A case a whole simulation answers: its run's figures (no steady step to break down)."""
+    from rich.table import Table
+
+    pt = case.point
+    t = Table(
+        title=f"a burst of {pt['requests']:,.0f} requests of {pt['input']:,.0f} prompt / "
+        f"{pt['output']:,.0f} output tokens, simulated on {p.ep} GPUs, {p.cost_model}",
+        header_style="bold",
+    )
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("mean inter-token latency (ms)", f"{p.step_s * 1e3:,.3f}")
+    t.add_row("output tok/s per GPU", f"{p.tokens_per_s_per_gpu:,.0f}")
+    con = console()
+    con.print(t)
+    for note in notes:
+        con.print(f"note: {note}")
 
 
 def _case_notes(res: Any) -> list[str]:

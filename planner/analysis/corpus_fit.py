@@ -299,8 +299,8 @@ def error_band(
 
 def band_for(sc: Any, pool: str) -> ErrorBand | None:
     """:func:`error_band` of scenario ``sc``'s ``pool`` (its hardware, parallelism and cost
-    model)."""
-    model = sc.cost_model.for_pool(pool)
+    model); under aggregated serving, the aggregated pool's, whichever phase is asked for."""
+    serving = "aggregated" if getattr(sc, "serving", "") == "aggregated" else pool
     quantity = "prefill" if pool == "prefill" else "decode"
-    a = attributes(sc, quantity, model)
-    return error_band(pool, a["parallel"], a["hardware"], a["family"])
+    a = attributes(sc, quantity, sc.cost_model.for_pool(serving))
+    return error_band(a["pool"], a["parallel"], a["hardware"], a["family"])

@@ -245,10 +245,11 @@ def burst_output_per_gpu(
     end = float(t["t_done_s"].max())
     gpus = res.summary["cost"]["gpus"]["total"]
     tokens = float(t.loc[t["state"] == "done", "output_tokens"].sum())
+    pool = "aggregated" if sc.aggregated else "decode"  # the pool that decodes
     point = steady.SteadyPoint(
         pool="decode",
-        cost_model=sc.cost_model.for_pool("decode"),
-        hardware="",
+        cost_model=sc.cost_model.for_pool(pool),
+        hardware=getattr(sc.pools, pool).hardware,
         ep=gpus,
         gpus_per_node=0,
         step_s=float(res.summary["latency"]["itl_s"]["mean"]),

@@ -40,8 +40,13 @@ from ...models.draft import DraftCost
 from ...models.hardware import HardwareSpec
 from ...models.registry import load_hardware, load_model
 from ...models.spec import ModelSpec
-from ...scenario import Acceptance, DecodePool, PrefillPool, Scenario
-from ...sim.core.assemble import check_prefill_fits, decode_kv_capacity_tokens, make_step_cost
+from ...scenario import Acceptance, AggregatedPool, DecodePool, PrefillPool, Scenario
+from ...sim.core.assemble import (
+    check_prefill_fits,
+    make_step_cost,
+    pool_config,
+    rank_kv_capacity_tokens,
+)
 from ...sim.policies.speculative import offline_policy
 
 __all__ = [
@@ -113,18 +118,25 @@ class SteadyPoint:
 # ---- the pool's cost model -----------------------------------------------------------------
 
 
-def _redundant(cfg: PrefillPool | DecodePool) -> float:
+def _redundant(cfg: PrefillPool | DecodePool | AggregatedPool) -> float:
     """Redundant experts per GPU the pool's StepCost is built for (the one place that reads it)."""
     return cfg.redundant_per_gpu
 
 
+def _serving(sc: Scenario, pool: PoolName) -> str:
+    """The pool whose steps do ``pool``'s work: the aggregated one under aggregated serving."""
+    return "aggregated" if sc.aggregated else pool
+
+
 def _pool_cost(sc: Scenario, pool: PoolName) -> tuple[StepCost, ModelSpec, HardwareSpec, str]:
-    """(StepCost, model, hardware, cost-model name) of the pool, built as a cluster run does."""
-    cfg: PrefillPool | DecodePool = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    """(StepCost, model, hardware, cost-model name) of the pool that runs ``pool``'s steps,
+    built as a cluster run does."""
+    name = _serving(sc, pool)
+    cfg = pool_config(sc, name)
     model = load_model(sc.model)
     hw = load_hardware(cfg.hardware)
-    cost = make_step_cost(sc, pool, model, hw, cfg.ep, _redundant(cfg))
-    ref = sc.cost_model.for_pool(pool)
+    cost = make_step_cost(sc, name, model, hw, cfg.ep, _redundant(cfg))
+    ref = sc.cost_model.for_pool(name)
     if ref != "roofline":
         from ...models.profile import load_profile
 
@@ -210,7 +222,7 @@ def _decode(
         verify=verify,
         accept=accept,
         kv_tokens_per_gpu=per_rank * (context + seq_overhead),  # each GPU: its rank's cache
-        kv_capacity_tokens_per_gpu=decode_kv_capacity_tokens(sc, model, hw),
+        kv_capacity_tokens_per_gpu=_decode_rank(sc, model, hw)[0],
         tokens_per_s_per_gpu=batch * accept / step,
         tokens_per_s_per_user=accept / step,
         tokens_per_s_per_node=batch * accept / step * hw.gpus_per_node,
@@ -253,6 +265,24 @@ def decode_point(
     return _decode(sc, parts, batch_per_gpu, context, v, a)
 
 
+def _decode_rank(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> tuple[float, int]:
+    """(KV tokens, most sequences) one rank that decodes can hold: a decode group's rank, or an
+    aggregated instance's under aggregated serving."""
+    name = _serving(sc, "decode")
+    cfg = sc.pools.aggregated if name == "aggregated" else sc.pools.decode
+    assert cfg is not None  # the scenario fills in the aggregated pool's defaults
+    return rank_kv_capacity_tokens(cfg, f"pools.{name}", model, hw), cfg.max_seqs_per_rank
+
+
+def _check_prefill_fits(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> None:
+    """The weights of the pool that prefills fit its GPUs (an aggregated instance's: with room
+    for KV), else one ConfigError naming the pool."""
+    if sc.aggregated:
+        _decode_rank(sc, model, hw)
+    else:
+        check_prefill_fits(sc, model, hw)
+
+
 def _rank_capacity(
     sc: Scenario, parts: tuple[StepCost, ModelSpec, HardwareSpec, str], context: int
 ) -> tuple[int, str]:
@@ -260,14 +290,13 @@ def _rank_capacity(
     ``"kv"`` (its KV capacity) or ``"max_seqs_per_rank"``. Refused when not one fits."""
     _, model, hw, _ = parts
     seq_overhead = model.swa_slot_bytes / model.kv_hbm_bytes_per_token()
-    capacity = decode_kv_capacity_tokens(sc, model, hw)
+    capacity, cap = _decode_rank(sc, model, hw)
     by_kv = int(capacity // (context + seq_overhead))
     if by_kv < 1:
         raise UserError(
             f"not one sequence of {context:,} tokens fits a decode rank's KV capacity "
             f"({capacity:,.0f} tokens)"
         )
-    cap = sc.pools.decode.max_seqs_per_rank
     return (by_kv, "kv") if by_kv < cap else (cap, "max_seqs_per_rank")
 
 
@@ -348,7 +377,7 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
             f"({per_rank:,}: tokens_per_gpu × tp): a prefill point computes whole prompts in "
             "one step"
         )
-    check_prefill_fits(sc, model, hw)
+    _check_prefill_fits(sc, model, hw)
     imbalance = sc.policies.expert_imbalance.prefill
     chunks = prefill_chunks(per_rank, prompt, cached)
     bd = cost.prefill_breakdown([chunks] * dp, imbalance)
@@ -398,7 +427,7 @@ def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
     if prompt < 1 or chunk < 1:
         raise UserError(f"prompt and chunk must be ≥ 1 token, got {prompt} and {chunk}")
     cost, model, hw, name = _pool_cost(sc, "prefill")
-    check_prefill_fits(sc, model, hw)
+    _check_prefill_fits(sc, model, hw)
     ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
     imbalance = sc.policies.expert_imbalance.prefill
     total, done, steps = 0.0, 0, 0

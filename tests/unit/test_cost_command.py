@@ -396,3 +396,54 @@ def test_curve_spans_batch_one_to_the_limit_and_names_the_fastest_user_speed(tmp
         main, ["cost", "default", "--curve", "--context", "1000", "--batch", "4"]
     )
     assert bad.exit_code == 2 and "--curve runs every batch" in bad.output
+
+
+# ---- aggregated serving: its steps are the aggregated pool's ---------------------------------
+
+AGGREGATED_CASE = "configs/published/trtllm-r1-h200-max-throughput.yaml"  # DP8 + EP8 on h200
+
+
+def test_cost_of_an_aggregated_scenario_is_its_aggregated_pools(cli, tmp_path):
+    """An aggregated scenario's decode and prefill points are costed on ``pools.aggregated``
+    (its hardware, EP and cost model), not on the disaggregated pools' defaults it never runs;
+    ``--cost-model`` moves that pool, and the error band is the aggregated cases'."""
+    from pathlib import Path
+
+    import deepinfer_sim
+
+    path = str(Path(deepinfer_sim.__file__).parent / AGGREGATED_CASE)
+    sc = load_scenario(path)
+    assert sc.aggregated and sc.pools.decode.hardware != "h200"  # the default pool differs
+    p = decode_point(sc, 64, 2000)
+    assert (p.ep, p.hardware, p.cost_model) == (8, "h200", sc.cost_model.aggregated)
+    q = prefill_point(sc, 1024, 1024)
+    assert (q.ep, q.hardware) == (8, "h200")
+    out = tmp_path / "agg.json"
+    res = cli(path, "--batch", "64", "--context", "2000", "--cost-model", "h200-deepseek",
+              "--json", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert (data["cost_model"], data["hardware"], data["ep"]) == ("h200-deepseek", "h200", 8)
+    assert data["step_s"] != pytest.approx(p.step_s)  # the profile, not the roofline
+    assert data["error_band"]["alike"]["pool"] == "aggregated"
+    assert "error band: aggregated (h200-deepseek)" in res.output
+
+
+def test_cost_case_of_a_simulated_quantity_prints_the_runs_figures(cli, tmp_path):
+    """``--case`` on a burst case (a whole simulation, no steady step) prints the run's figures
+    and the comparison, on the cost model asked for."""
+    from pathlib import Path
+
+    import deepinfer_sim
+
+    path = str(Path(deepinfer_sim.__file__).parent / AGGREGATED_CASE)
+    ratios = {}
+    for model in ("roofline", "h200-deepseek"):
+        out = tmp_path / f"{model}.json"
+        res = cli(path, "--case", "1", "--cost-model", model, "--json", str(out))
+        assert res.exit_code == 0, res.output
+        assert "output tok/s per GPU" in res.output and "ratio" in res.output
+        data = json.loads(out.read_text())
+        assert data["cost_model"] == model
+        ratios[model] = data["case"]["ratio"]
+    assert ratios["roofline"] != pytest.approx(ratios["h200-deepseek"])
