@@ -11,8 +11,9 @@ those into a step time:
 
     step = overhead + max_r dense_r + moe(imbalance · mean_r tokens_r) + exposed all-to-all
 
-where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (DeepEP's
-two-micro-batch overlap) and lasts as long as its busiest end: the rank that sends the most
+where the all-to-all hides behind compute up to ``comm_overlap`` of the compute time (0 unless a
+scenario states an overlap it does not model step by step; two-batch overlap, ``compose_tbo``, is
+modelled stage by stage) and lasts as long as its busiest end: the rank that sends the most
 tokens, or the one whose experts receive imbalance × the mean (``experts_and_exchange``); while
 a normal-mode exchange (prefill) runs beside compute it holds a share of the SMs, and the compute
 runs that much longer (``AllToAll.sm_share``). An aggregated engine's step, prefill chunks and
@@ -75,7 +76,13 @@ class StepParams(FrozenModel):
     """Engine-level knobs shared by every cost model (not measured by kernel calibration)."""
 
     comm_overlap: float = Field(
-        0.7, ge=0, le=1, description="fraction of compute time that can hide all-to-all"
+        0.0,
+        ge=0,
+        le=1,
+        description="share of a step's compute that hides its all-to-all in a pool without "
+        "two_batch_overlap: 0 by default, since one batch's experts wait for its dispatch and its "
+        "next layer for its combine; an engine that overlaps its exchange by means not modelled "
+        "step by step states its share here",
     )
     step_overhead_s: float = Field(
         2e-4, ge=0, description="fixed cost per engine step (scheduling, sampling, sync)"
@@ -89,7 +96,7 @@ class RooflineParams(FrozenModel):
 
     # the defaults of gemm_efficiency, memory_efficiency and layer_overhead_s are fitted on the
     # published corpus (planner/analysis/corpus_fit.py, docs/validation.md), rounded
-    gemm_efficiency: float = Field(0.29, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
+    gemm_efficiency: float = Field(0.32, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
     attention_efficiency: float = Field(
         0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
     )
@@ -101,7 +108,7 @@ class RooflineParams(FrozenModel):
         "measured copy share)",
     )
     layer_overhead_s: float = Field(
-        1.77e-4, ge=0, description="per layer per step (launches, synchronisation)"
+        1.75e-4, ge=0, description="per layer per step (launches, synchronisation)"
     )
     attention_dtype: Literal["bf16", "fp8"] = "fp8"
     prefill_attention_dtype: Literal["bf16", "fp8"] | None = Field(

@@ -213,12 +213,15 @@ def test_two_runs_side_by_side_with_deltas(runs, tmp_path):
     page = check_page(text)
     assert len(images(page)) == 1 + len(PANELS)  # the store adds both storage panels
     assert "Δ vs ep8" in text and "<th>ep16-store</th>" in text
-    # GPUs 12 -> 20: +8 (+66.7 %), and a better (lower) TPOT with twice the decode ranks
+    # GPUs 12 -> 20: +8 (+66.7 %); TPOT marked better where it fell, worse where it rose
     gpus = r'<td>GPUs</td><td>12</td><td>20</td><td class="same">\+8 \(\+66\.7 %\)'
     assert re.search(gpus, text)
     assert "was offered the same load as ep8" in text
-    row = re.search(r"<td>TPOT p50</td>.*?</tr>", text)
-    assert row and 'class="better"' in row.group(0) and "%)" in row.group(0)
+    row = re.search(r"<td>TPOT p50</td><td>([\d.]+) ms</td><td>([\d.]+) ms</td>.*?</tr>", text)
+    assert row and "%)" in row.group(0)
+    base, other = float(row.group(1)), float(row.group(2))
+    assert base != other
+    assert f'class="{"better" if other < base else "worse"}"' in row.group(0)
     assert "<td>peak read GB/s</td>" in text and "<td>used (peak)</td>" in text
     assert text.count('class="better"') + text.count('class="worse"') > 5
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deepinfer_sim.models.cost import PoolShape, RooflineParams, RooflineStepCost
+from deepinfer_sim.models.cost import PoolShape, RooflineParams, RooflineStepCost, StepParams
 from deepinfer_sim.models.draft import DraftCost
 from deepinfer_sim.models.registry import load_hardware, load_model
 from deepinfer_sim.planner.analysis import offline
@@ -18,9 +18,13 @@ def packed(ep: int, batch: float, context: float, verify: float) -> np.ndarray:
     return np.stack((b, kv, b * verify, kv * verify))
 
 
-def v3_cost(ep: int = 144) -> RooflineStepCost:
+def v3_cost(ep: int = 144, comm_overlap: float = 0.0) -> RooflineStepCost:
     return RooflineStepCost(
-        load_model("deepseek-v3"), load_hardware("h800"), PoolShape(ep, 0.0), RooflineParams()
+        load_model("deepseek-v3"),
+        load_hardware("h800"),
+        PoolShape(ep, 0.0),
+        RooflineParams(),
+        StepParams(comm_overlap=comm_overlap),
     )
 
 
@@ -49,9 +53,9 @@ def test_a_drafter_as_deep_as_the_target_costs_a_step_at_its_rows() -> None:
 
 def test_a_block_pass_reads_the_weights_once() -> None:
     """At a small batch a decode layer is bound by its weights: five drafts in one block pass
-    cost less than five chained passes, and (on the roofline, all memory-bound) no more than
-    one."""
-    cost = v3_cost()
+    cost less than five chained passes, and (on the roofline, all memory-bound, the exchange
+    hidden) no more than one."""
+    cost = v3_cost(comm_overlap=1.0)
     load = packed(144, 4, 2048, 1.0)
     chain, block = DraftCost(5, 1, 0.1), DraftCost(1, 5, 0.1)
     one = DraftCost(1, 1, 0.1).step_s(cost, load[0], load[1], 1.0)

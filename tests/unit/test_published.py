@@ -18,10 +18,11 @@ CASES = {
     "trtllm-r1-h200-min-latency": 1,
     "trtllm-r1-b200-min-latency": 2,
     "trtllm-r1-h200-max-throughput": 1,
+    "trtllm-r1-b200-max-throughput": 1,
     "gpustack-r1-h200": 3,
     "dstack-r1-h200": 1,
     "rtp-llm-v3-h800": 2,
-    "cloudmatrix384-r1-910c": 4,
+    "cloudmatrix384-r1-910c": 7,
 }
 
 

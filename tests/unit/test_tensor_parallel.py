@@ -93,7 +93,7 @@ def test_one_rank_over_all_gpus_needs_no_all_to_all_and_shows_its_all_reduces() 
 def test_tensor_parallelism_buys_per_user_speed_at_small_batches() -> None:
     """At one sequence, eight GPUs of one rank read an eighth of the dense weights each: a
     step shorter than on one GPU of a DP-attention pool, which reads them all (both pay the
-    roofline's fixed cost per layer, which the corpus fit sets at 177 µs)."""
+    roofline's fixed cost per layer, which the corpus fit sets at 175 µs)."""
     one = np.array([1.0])
     ctx = np.array([4096.0])
     dp8 = roofline(V3, PoolShape(ep=8, redundant_experts_per_gpu=0))
