@@ -48,6 +48,7 @@ def simulate(
     ``on_build`` sees the cluster before it starts (e.g. to record expert steps)."""
     wall0 = time.perf_counter()
     _return_freed_memory()
+    built = source is None
     if source is None:
         source = build_source(sc.workload, sc.seed)
     check_run_size(sc, source.arrival_s)  # a run that would tick for hours is refused up front
@@ -96,6 +97,8 @@ def simulate(
         )
     check_invariants(cl)
     _release_blocks(cl)
+    if built:  # nobody else holds it: its block ids go before the results are assembled
+        source.forget_blocks()
     wall = time.perf_counter() - wall0
     itl_stats, itl_max = itl_summary(cl.table, cl.decode, sc.sim.percentiles)
     timeseries = sampler.table()

@@ -284,6 +284,15 @@ class RequestSource:
         ids: np.ndarray = self.block_hashes[self.block_offsets[i] : self.block_offsets[i + 1]]
         return ids if ids.dtype == np.int64 else ids.astype(np.int64)
 
+    def forget_blocks(self) -> None:
+        """Drop the prefix-block ids, in place: every request then has none (so the source no
+        longer passes :meth:`validate`). :func:`~deepinfer_sim.simulate` calls it on a source it
+        built itself, once the run is over: its results never read the ids, and at a million
+        requests they are ~150 MB that assembling the results would otherwise hold beside the
+        results' own columns (the run's peak memory)."""
+        object.__setattr__(self, "block_hashes", self.block_hashes[:0].copy())
+        object.__setattr__(self, "block_offsets", np.zeros(len(self.block_offsets), np.int64))
+
     @property
     def n_blocks(self) -> npt.NDArray[np.int64]:
         """Blocks per request (``ceil(input_len / block_tokens)``)."""

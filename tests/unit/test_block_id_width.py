@@ -89,3 +89,30 @@ def test_a_run_is_the_same_with_the_ids_in_eight_bytes() -> None:
     assert one.summary == two.summary
     assert one.requests.equals(two.requests)
     assert one.summary["cache"]["hit_tokens"] > 0  # the ids were looked up, and matched
+
+
+def test_a_run_forgets_the_ids_only_of_a_source_it_built() -> None:
+    """``simulate`` drops the block ids of the workload it built before assembling the results
+    (the run's memory peak at a million requests); a source handed to it is left whole, and the
+    results are the same either way."""
+    sc = load_scenario("default", ["workload.max_requests=60", "workload.repeat=1"])
+    given = build_source(sc.workload, sc.seed)
+    ids = given.block_hashes.copy()
+    own, handed = simulate(sc), simulate(sc, given)
+    np.testing.assert_array_equal(given.block_hashes, ids)
+    given.validate()
+    for summary in (own.summary, handed.summary):
+        summary["sim"].pop("wall_s")
+    assert own.summary == handed.summary
+    assert own.requests.equals(handed.requests)
+    assert own.summary["cache"]["hit_tokens"] > 0
+
+
+def test_a_forgotten_source_has_no_blocks_and_keeps_the_rest() -> None:
+    src = _source(np.arange(8, dtype=np.int64))
+    classes, lengths = src.traffic_class.copy(), src.input_len.copy()
+    src.forget_blocks()
+    assert len(src.block_hashes) == 0 and src.block_hashes.dtype == np.int32
+    assert all(len(src.blocks(i)) == 0 for i in range(len(src)))
+    np.testing.assert_array_equal(src.traffic_class, classes)
+    np.testing.assert_array_equal(src.input_len, lengths)
