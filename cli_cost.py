@@ -285,9 +285,8 @@ def band_lines(sc: Scenario) -> list[str]:
     published cases most like it (planner/analysis/corpus_fit.py)."""
     from .planner.analysis.corpus_fit import band_for
 
-    pools = ("aggregated",) if getattr(sc, "serving", "") == "aggregated" else ("prefill", "decode")
     out = []
-    for pool in pools:
+    for pool in sc.serving_pools:
         band = band_for(sc, pool)
         if band is not None:
             out.append(f"error band: {pool} ({sc.cost_model.for_pool(pool)}): {band.text()}")
@@ -301,8 +300,7 @@ def _print_band(sc: Scenario, pool: str) -> dict[str, Any]:
     band = band_for(sc, pool)
     if band is None:
         return {}
-    if sc.aggregated:
-        pool = "aggregated"
+    pool = sc.serving_pool(pool)
     model = sc.cost_model.for_pool(pool)
     console().print(f"error band: {pool} ({model}): {band.text()}", soft_wrap=True, markup=False)
     return {"error_band": {"band": band.band, "cases": band.cases, "alike": band.alike}}
@@ -332,8 +330,10 @@ def _load(
         return sc
     if not cost_model.strip():
         raise UserError("--cost-model: empty; give roofline or a profile name or path")
-    targets = ("aggregated",) if sc.aggregated else pools
-    return load_scenario(config, [*overrides, *(f"cost_model.{p}={cost_model}" for p in targets)])
+    targets = {sc.serving_pool(p) for p in pools}
+    return load_scenario(
+        config, [*overrides, *(f"cost_model.{p}={cost_model}" for p in sorted(targets))]
+    )
 
 
 def _cost_case(
@@ -404,8 +404,13 @@ def _print_burst(case: Any, p: SteadyPoint, notes: list[str]) -> None:
     t.add_column("value", justify="right")
     t.add_row("mean inter-token latency (ms)", f"{p.step_s * 1e3:,.3f}")
     t.add_row("output tok/s per GPU", f"{p.tokens_per_s_per_gpu:,.0f}")
+    _show([t], notes)
+
+
+def _show(tables: list[Any], notes: list[str]) -> None:
     con = console()
-    con.print(t)
+    for table in tables:
+        con.print(table)
     for note in notes:
         con.print(f"note: {note}")
 
@@ -530,8 +535,4 @@ def _print_point(p: SteadyPoint, notes: list[str]) -> None:
     rates.add_row("per GPU", f"{p.tokens_per_s_per_gpu:,.0f}")
     rates.add_row(f"per node ({p.gpus_per_node} GPUs)", f"{p.tokens_per_s_per_node:,.0f}")
     rates.add_row("per user", f"{p.tokens_per_s_per_user:,.1f}")
-    con = console()
-    con.print(t)
-    con.print(rates)
-    for note in notes:
-        con.print(f"note: {note}")
+    _show([t, rates], notes)

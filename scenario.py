@@ -1055,6 +1055,16 @@ class Scenario(FrozenModel):
         """Whether prefill and decode run together on ``pools.aggregated``."""
         return self.serving == "aggregated"
 
+    @property
+    def serving_pools(self) -> tuple[str, ...]:
+        """The expert-parallel pools that run: prefill and decode, or aggregated."""
+        return ("aggregated",) if self.aggregated else ("prefill", "decode")
+
+    def serving_pool(self, phase: str) -> str:
+        """The pool whose steps do ``phase``'s work (prefill or decode): the aggregated one under
+        aggregated serving."""
+        return "aggregated" if self.aggregated else phase
+
     @model_validator(mode="after")
     def _fault_targets(self) -> Scenario:
         for i, f in enumerate(self.faults):
@@ -1339,17 +1349,12 @@ def _check_serving(sc: Scenario, model: ModelSpec, source: str) -> None:
         )
 
 
-def _serving_pools(sc: Scenario) -> tuple[str, ...]:
-    """The expert-parallel pools that run: prefill and decode, or aggregated."""
-    return ("aggregated",) if sc.aggregated else ("prefill", "decode")
-
-
 def _check_expert_split(sc: Scenario, model: ModelSpec, source: str) -> None:
     """The running pools' EP widths split the model's routed experts evenly
     (:func:`expert_split_problem` says the rule). The planner's grid is not checked here: a
     run does not use it, and ``plan`` checks each shape as it builds it."""
     experts = model.moe.routed_experts
-    for pool_name in _serving_pools(sc):
+    for pool_name in sc.serving_pools:
         pool: ExpertParallelPool = getattr(sc.pools, pool_name)
         groups = pool.expert_groups
         problem = expert_split_problem(experts, groups, _redundant_total(pool, groups))

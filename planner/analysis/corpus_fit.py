@@ -300,7 +300,6 @@ def error_band(
 def band_for(sc: Any, pool: str) -> ErrorBand | None:
     """:func:`error_band` of scenario ``sc``'s ``pool`` (its hardware, parallelism and cost
     model); under aggregated serving, the aggregated pool's, whichever phase is asked for."""
-    serving = "aggregated" if getattr(sc, "serving", "") == "aggregated" else pool
     quantity = "prefill" if pool == "prefill" else "decode"
-    a = attributes(sc, quantity, sc.cost_model.for_pool(serving))
+    a = attributes(sc, quantity, sc.cost_model.for_pool(sc.serving_pool(pool)))
     return error_band(a["pool"], a["parallel"], a["hardware"], a["family"])

@@ -245,7 +245,7 @@ def burst_output_per_gpu(
     end = float(t["t_done_s"].max())
     gpus = res.summary["cost"]["gpus"]["total"]
     tokens = float(t.loc[t["state"] == "done", "output_tokens"].sum())
-    pool = "aggregated" if sc.aggregated else "decode"  # the pool that decodes
+    pool = sc.serving_pool("decode")
     point = steady.SteadyPoint(
         pool="decode",
         cost_model=sc.cost_model.for_pool(pool),

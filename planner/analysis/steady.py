@@ -123,15 +123,10 @@ def _redundant(cfg: PrefillPool | DecodePool | AggregatedPool) -> float:
     return cfg.redundant_per_gpu
 
 
-def _serving(sc: Scenario, pool: PoolName) -> str:
-    """The pool whose steps do ``pool``'s work: the aggregated one under aggregated serving."""
-    return "aggregated" if sc.aggregated else pool
-
-
 def _pool_cost(sc: Scenario, pool: PoolName) -> tuple[StepCost, ModelSpec, HardwareSpec, str]:
     """(StepCost, model, hardware, cost-model name) of the pool that runs ``pool``'s steps,
     built as a cluster run does."""
-    name = _serving(sc, pool)
+    name = sc.serving_pool(pool)
     cfg = pool_config(sc, name)
     model = load_model(sc.model)
     hw = load_hardware(cfg.hardware)
@@ -268,7 +263,7 @@ def decode_point(
 def _decode_rank(sc: Scenario, model: ModelSpec, hw: HardwareSpec) -> tuple[float, int]:
     """(KV tokens, most sequences) one rank that decodes can hold: a decode group's rank, or an
     aggregated instance's under aggregated serving."""
-    name = _serving(sc, "decode")
+    name = sc.serving_pool("decode")
     cfg = sc.pools.aggregated if name == "aggregated" else sc.pools.decode
     assert cfg is not None  # the scenario fills in the aggregated pool's defaults
     return rank_kv_capacity_tokens(cfg, f"pools.{name}", model, hw), cfg.max_seqs_per_rank

@@ -93,7 +93,7 @@ def dtype_rules(sc: Scenario) -> dict[str, DtypeRule]:
     they differ (models/precision.py): what ``run``, ``cost`` and ``plan`` print."""
     rules: dict[str, DtypeRule] = {}
     model = load_model(sc.model)
-    for pool in ("aggregated",) if sc.aggregated else ("prefill", "decode"):
+    for pool in sc.serving_pools:
         ref = sc.cost_model.for_pool(pool)
         if ref == "roofline":
             continue
