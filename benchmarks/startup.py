@@ -15,7 +15,8 @@ second run on. Timed, as min and median over the repeats:
   to the event loop (a hook on ``simpy.Environment.run`` ends the process there);
 * ``run_10`` / ``run_10_no_plots`` — wall time of a whole ``deepinfer-sim run`` of the default
   scenario's first 10 requests (``--set workload.max_requests=10``), every output written, with
-  and without ``--no-plots``.
+  and without ``--no-plots``, through the console script's entry (``deepinfer_sim.entry``: with
+  plots it starts the plot worker first, ``sim/results/plot_worker.py``).
 
 Children run without ``PYTHONDONTWRITEBYTECODE`` (a user's Python caches compiled modules; with
 it set every start compiles the package's modules again, ~0.1 s).
@@ -86,10 +87,11 @@ def _python(code: str, *args: str) -> tuple[float, str]:
 
 RUN_10_CODE = """
 import sys
-from deepinfer_sim.cli import main
+from deepinfer_sim.entry import main  # what the deepinfer-sim script runs (the plot worker too)
 flags = ["--no-plots"] if sys.argv[2] == "no-plots" else []
-main(["run", "configs/default.yaml", "--set", "workload.max_requests=10", "--quiet",
-      "--no-progress", "--out", sys.argv[1], *flags])
+sys.argv = ["deepinfer-sim", "run", "configs/default.yaml", "--set", "workload.max_requests=10",
+            "--quiet", "--no-progress", "--out", sys.argv[1], *flags]
+main()
 """
 
 

@@ -1,0 +1,84 @@
+"""A run's plots drawn from plain data: figures described as dicts of numpy arrays and strings
+(:mod:`.plots` builds them from a result) rendered to PNG bytes with matplotlib's Agg backend.
+
+Nothing here reads pandas or the result, so the plot worker (:mod:`.plot_worker`) can draw a
+run's figures in a process that imported only numpy and matplotlib. A figure is::
+
+    {"name": "latency_cdf.png", "title": ... or None, "top": 0.88, "panels": [panel, ...]}
+
+and a panel ``{"lines": [(label, x, y), ...], "title", "xlabel", "ylabel", "vline": (x, label)
+or None, "xlog": bool, "ysymlog": bool, "ylim": (lo, hi) or None}``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.ticker import LogFormatter, NullLocator
+
+DPI = 110
+_SLO_COLOR = "#b3261e"
+
+
+def _panel(ax: Any, panel: dict[str, Any]) -> None:
+    for label, x, y in panel["lines"]:
+        ax.plot(x, y, label=label)
+    vline = panel.get("vline")
+    if vline is not None:
+        ax.axvline(vline[0], color=_SLO_COLOR, linestyle="--", linewidth=1.2, label=vline[1])
+    if panel.get("xlog"):
+        ax.set_xscale("log")
+        # major ticks labelled as plain numbers (no mathtext to typeset), no minor ticks: the
+        # tick artists are most of a small run's drawing time
+        ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+        ax.xaxis.set_minor_locator(NullLocator())
+    if panel.get("ysymlog"):
+        ax.set_yscale("symlog")
+    if panel.get("ylim") is not None:
+        ax.set_ylim(*panel["ylim"])
+    if panel.get("title"):
+        ax.set_title(panel["title"])
+    ax.set_xlabel(panel["xlabel"])
+    if panel.get("ylabel"):
+        ax.set_ylabel(panel["ylabel"])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def draw(figures: list[dict[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """``(file name, figure)`` for each described figure, a row of panels 13 × 3.6 in; the
+    caller saves and closes each."""
+    for spec in figures:
+        panels = spec["panels"]
+        fig, axes = plt.subplots(1, len(panels), figsize=(13, 3.6), squeeze=False)
+        for ax, panel in zip(axes[0], panels, strict=True):
+            _panel(ax, panel)
+        if spec["title"]:
+            fig.suptitle(spec["title"])
+        # the margins tight_layout finds for these labels, without its text measuring (half a
+        # 10-request run's wall time)
+        fig.subplots_adjust(left=0.055, right=0.99, bottom=0.14, top=spec["top"], wspace=0.24)
+        yield spec["name"], fig
+
+
+def png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, format="png")
+    return buf.getvalue()
+
+
+def render(figures: list[dict[str, Any]]) -> list[tuple[str, bytes]]:
+    """Each described figure as ``(file name, PNG bytes)``."""
+    out = []
+    for name, fig in draw(figures):
+        try:
+            out.append((name, png(fig)))
+        finally:
+            plt.close(fig)
+    return out
