@@ -200,10 +200,16 @@ class AggregatedPool(ExpertParallelPool):
         description="as pools.decode.kv_policy; a prompt reserves its KV when its first chunk "
         "is scheduled",
     )
-    scheduler: Literal["tokens", "chunked"] = Field(
+    scheduler: Literal["tokens", "chunked", "whole", "prefill_first"] = Field(
         "tokens",
-        description="tokens: chunks fill the token budget (vLLM, SGLang); chunked: also keep "
-        "the chunks' predicted prefill time within step_time_budget_s (a stall bound)",
+        description="tokens: chunks fill what the decode tokens leave of the token budget, in "
+        "the same step (vLLM's chunked prefill, SGLang's with mixed chunks); chunked: also keep "
+        "the chunks' predicted prefill time within step_time_budget_s (a stall bound); whole: "
+        "whole prompts only, as many as fit beside the decode tokens (TensorRT-LLM's in-flight "
+        "batching without chunked context, as on Hopper); prefill_first: a step prefills "
+        "whenever a prompt can start or continue, its chunks taking the whole budget while the "
+        "running sequences wait, and decodes otherwise (SGLang's default, mixed chunks off; "
+        "one attention rank: tp = ep)",
     )
     step_time_budget_s: float = Field(
         1.0,
@@ -211,6 +217,16 @@ class AggregatedPool(ExpertParallelPool):
         le=3600,
         description="scheduler chunked: prefill time a step's chunks may take",
     )
+
+    @model_validator(mode="after")
+    def _prefill_first_on_one_rank(self) -> AggregatedPool:
+        if self.scheduler == "prefill_first" and self.tp != self.ep:
+            raise ValueError(
+                f"scheduler prefill_first needs one attention rank (tp = ep), not {self.dp} "
+                "(ep / tp): with DP attention SGLang pauses only the rank that prefills, which "
+                "this scheduler does not model"
+            )
+        return self
 
     @property
     def gpus(self) -> int:

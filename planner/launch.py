@@ -115,7 +115,8 @@ class PoolShape:
     eplb: EplbPool
     max_seqs_per_rank: int | None
     max_tokens_per_step: int | None
-    whole_prompts: bool  # prefill scheduler "whole": no chunking
+    whole_prompts: bool  # prefill or aggregated scheduler "whole": no chunking
+    mixed: bool  # aggregated scheduler "tokens" or "chunked": chunks and decode in one step
 
     @property
     def dp(self) -> int:
@@ -171,7 +172,8 @@ def pool_shapes(sc: Scenario, base_dir: Path | None = None) -> list[PoolShape]:
             eplb=eplb_pool,
             max_seqs_per_rank=getattr(pool, "max_seqs_per_rank", None),
             max_tokens_per_step=getattr(pool, "max_tokens_per_step", None),
-            whole_prompts=role == "prefill" and pool.scheduler == "whole",
+            whole_prompts=getattr(pool, "scheduler", None) == "whole",
+            mixed=role == "aggregated" and pool.scheduler in ("tokens", "chunked"),
         )
 
     if sc.aggregated and p.aggregated is not None:
@@ -451,6 +453,12 @@ def sglang_flags(
                 f"{pool}.max_tokens_per_step {s.max_tokens_per_step} with scheduler whole: "
                 "SGLang's prefill batch budget (--max-prefill-tokens) is left at its default"
             )
+            if s.role == "aggregated":
+                notes.add(
+                    f"{pool}.scheduler whole: SGLang mixes prompts into decode steps only "
+                    "when it chunks them (--enable-mixed-chunk); whole prompts get steps of "
+                    "their own (scheduler prefill_first)"
+                )
         else:
             args.append(
                 _arg(
@@ -459,6 +467,10 @@ def sglang_flags(
                     f"x {s.dp}",
                 )
             )  # fmt: skip
+    if s.mixed:
+        args.append(
+            _arg("--enable-mixed-chunk", why=f"{pool}.scheduler: chunks ride in decode steps")
+        )
     if s.max_seqs_per_rank is not None:
         args.append(
             _arg(
@@ -707,6 +719,11 @@ def vllm_flags(
             )
     if s.two_batch_overlap:
         args.append(_arg("--enable-dbo", why=f"{pool}.two_batch_overlap (dual-batch overlap)"))
+    if s.role == "aggregated" and not (s.mixed or s.whole_prompts):
+        notes.add(
+            f"{pool}.scheduler prefill_first: vLLM's scheduler puts prefill chunks into the "
+            "decode steps (as scheduler tokens)"
+        )
     if s.max_tokens_per_step is not None:
         if s.whole_prompts:
             args.append(_arg("--no-enable-chunked-prefill", why=f"{pool}.scheduler whole"))

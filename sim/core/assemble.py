@@ -383,6 +383,21 @@ def check_token_budget(agg: AggregatedPool, drafts: int) -> None:
         )
 
 
+def check_whole_prompts(agg: AggregatedPool, source: RequestSource) -> None:
+    """Under ``scheduler: whole`` a prompt never splits, so none may be longer than a step's
+    budget (TensorRT-LLM without chunked context refuses such requests too)."""
+    if agg.scheduler != "whole" or not len(source.input_len):
+        return
+    longest = int(source.input_len.max())
+    if longest > agg.max_tokens_per_step:
+        raise ConfigError(
+            "pools.aggregated.max_tokens_per_step",
+            f"{agg.max_tokens_per_step:,} tokens are fewer than the workload's longest prompt "
+            f"({longest:,} tokens), which scheduler whole cannot split; raise the budget or use "
+            "scheduler tokens",
+        )
+
+
 def build_aggregated_cluster(sc: Scenario, source: RequestSource) -> Cluster:
     """Aggregated serving (``serving: aggregated``): ``pools.aggregated.instances`` instances,
     each prefilling and decoding on its DP ranks (``sim/stages/aggregated.py``), behind the
@@ -408,6 +423,7 @@ def build_aggregated_cluster(sc: Scenario, source: RequestSource) -> Cluster:
         for i in range(agg.instances)
     ]
     check_token_budget(agg, specs[0].policy.depth)
+    check_whole_prompts(agg, source)
     cost = make_step_cost(sc, "aggregated", model, ahw, agg.ep, agg.redundant_per_gpu)
     chunking = make_chunk_policy(agg.scheduler, aggregated=True)
     flops = flop_counter(model)
@@ -432,6 +448,7 @@ def build_aggregated_cluster(sc: Scenario, source: RequestSource) -> Cluster:
             on_done=lambda rid: cl.count_end(),
             spec=specs[i],
             experts=make_group_experts(sc, "aggregated", load, f"aggregated/{i}"),
+            prefill_first=agg.scheduler == "prefill_first",
         )
         for i in range(agg.instances)
     ]

@@ -16,7 +16,9 @@ config's ``pools.prefill.scheduler`` tag to one:
 - ``tokens`` (:class:`TokenBudget`, aggregated serving's default, ``pools.aggregated.scheduler``):
   vLLM's and SGLang's chunked prefill — each sequence, oldest first, takes as much of the step's
   token budget as is left (after the running sequences' decode tokens), so a long prompt spans
-  several steps; no time budget.
+  several steps; no time budget. ``prefill_first`` chunks the same way, in steps that carry no
+  decode tokens (``sim/stages/aggregated.py``); an aggregated ``whole`` (:class:`WholeBeside`)
+  fits whole prompts beside the decode tokens.
 
 The rank keeps the budgets (time left after the fixed term a, tokens left) and charges each
 chosen chunk to both the same way under every policy; the policies only read them. All are
@@ -141,15 +143,41 @@ class TokenBudget:
         return tokens_left <= 0
 
 
+class WholeBeside:
+    """Whole prompts in what the decode tokens leave of the token budget, first come first
+    served: the first that does not fit waits for a later step (aggregated ``whole``; a prompt
+    longer than the budget is refused when it is submitted)."""
+
+    __slots__ = ()
+
+    def take(
+        self,
+        remaining: int,
+        pos: int,
+        time_left: float,
+        tokens_left: int,
+        first: bool,
+        b: float,
+        c: float,
+        d: float,
+    ) -> int:
+        return remaining if remaining <= tokens_left else 0
+
+    def full(self, time_left: float, tokens_left: int) -> bool:
+        return tokens_left <= 0
+
+
 CHUNK_POLICIES: dict[str, type[WholePrompts | QuadraticChunks]] = {
     "chunked": QuadraticChunks,
     "whole": WholePrompts,
 }
 """``pools.prefill.scheduler``."""
 
-AGGREGATED_CHUNK_POLICIES: dict[str, type[TokenBudget | QuadraticChunks]] = {
+AGGREGATED_CHUNK_POLICIES: dict[str, type[TokenBudget | QuadraticChunks | WholeBeside]] = {
     "tokens": TokenBudget,
     "chunked": QuadraticChunks,
+    "whole": WholeBeside,
+    "prefill_first": TokenBudget,  # the budget is all the chunks' when they run (aggregated.py)
 }
 """``pools.aggregated.scheduler``."""
 

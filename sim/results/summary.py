@@ -276,7 +276,9 @@ def _load_aggregated(
 ) -> dict[str, Any]:
     """``load`` of an aggregated run: the pool as a whole (``aggregated``: busy, tokens per step
     — decode and chunks — against the budget, and the mean step by what it carried, the mixed
-    steps' excess over the decode-only ones being the prefill stall), its decode side
+    steps' excess over the decode-only ones being the prefill stall; under scheduler
+    prefill_first the steps the running sequences waited out, ``wait_steps`` / ``wait_s``), its
+    decode side
     (``decode``: sequences and KV per rank, as a decode group's; busy: steps with sequences)
     and its prefill side (``prefill``: chunk tokens per step that carried chunks, against the
     same budget; busy: steps with chunks)."""
@@ -301,7 +303,8 @@ def _load_aggregated(
         steps = total(f"{kind}_steps")
         return total(f"{kind}_s") / steps if steps else None
 
-    steps = total("steps")
+    # every engine step (a decode group's "steps" leaves out those its sequences waited)
+    steps = total("mixed_steps") + total("decode_only_steps") + total("prefill_only_steps")
     p_steps = total("prefill_steps")
     chunk_per_step = total("chunk_tokens") / p_steps if p_steps else 0.0
     per_step = total("step_tokens") / steps if steps else 0.0
@@ -321,6 +324,8 @@ def _load_aggregated(
         "decode_only_step_s_mean": pure,
         "prefill_only_step_s_mean": mean_s("prefill_only"),
         "prefill_stall_s_mean": mixed - pure if mixed is not None and pure is not None else None,
+        "wait_steps": int(total("wait_steps")),
+        "wait_s": total("wait_s"),
         "queue": queues.get("prefill"),
     }
     decode = {

@@ -13,6 +13,13 @@ ITL is rebuilt from) whose DP ranks also run prompts. Every step, on each rank:
 3. one StepCost call prices the mixed batch (:meth:`StepCost.mixed_step`); the expert imbalance
    is sampled from all of the step's tokens.
 
+That is vLLM's chunked prefill (``pools.aggregated.scheduler`` ``tokens``; ``whole`` takes whole
+prompts only, TensorRT-LLM's in-flight batching on Hopper). SGLang's default, ``prefill_first``,
+does not mix: a step prefills whenever a prompt can start or continue, its chunks taking the whole
+budget while the running sequences wait, and decodes otherwise; a wait is carried into the
+sequences' next step record, so their ITL spans it (one attention rank only: with DP attention
+SGLang pauses only the rank that prefills).
+
 A prompt whose last chunk ran has its first token at the end of that step (its TTFT) and joins
 the rank's decode batch at the next step, its KV already there: no transfer. A decode step that
 carries chunks lasts longer — the prefill stall — and the running sequences' TPOT and ITL include
@@ -67,10 +74,12 @@ class AggregatedInstance(DecodeGroup):
         on_done: Callable[[int], None],
         spec: SpecDecoder | None = None,
         experts: GroupExperts | None = None,
+        prefill_first: bool = False,
     ) -> None:
         """``prefill_imbalance`` / ``decode_imbalance``: the constant expert imbalance of a step
         that carries chunks / only decodes (without live ``experts``); ``on_done``: a request
-        ended (decoded, or answered by its prefill alone)."""
+        ended (decoded, or answered by its prefill alone); ``prefill_first``: SGLang's schedule
+        (:meth:`_prefill_first_step`) instead of chunks beside the decode tokens."""
         super().__init__(
             env=env,
             idx=idx,
@@ -115,6 +124,11 @@ class AggregatedInstance(DecodeGroup):
         self.decode_only_s = self.mixed_s = self.prefill_only_s = 0.0
         self.decode_only_steps = self.mixed_steps = self.prefill_only_steps = 0
         self.step_tokens_sum = 0  # decode and chunk tokens over every step
+        self.prefill_first = prefill_first
+        self._idle = np.zeros_like(self.load)  # a step's decode load while the sequences wait
+        self._waited_s = 0.0  # prefill-only steps the running sequences waited since they last ran
+        self.wait_steps = 0
+        self.wait_s = 0.0
 
     # ---- routing side -------------------------------------------------------------------------
     def predicted_s(self, n: int, p: int) -> float:
@@ -149,6 +163,11 @@ class AggregatedInstance(DecodeGroup):
 
     def begin_step(self) -> float | None:
         extra = self._admit_waiting()  # prompts prefilled last step join the decode batch
+        step = self._prefill_first_step() if self.prefill_first else self._mixed_step()
+        return None if step is None else extra + step
+
+    def _mixed_step(self) -> float | None:
+        """The running sequences' decode tokens, and chunks in what they leave of the budget."""
         load = self.load
         self._decoding = self.n > 0
         tokens = self._decode_tokens() if self._decoding else None
@@ -158,6 +177,36 @@ class AggregatedInstance(DecodeGroup):
         chunks, replays = self._plan_chunks()
         if tokens is None and not self.step_items:
             return None
+        return self._priced(chunks, replays, tokens, load)
+
+    def _prefill_first_step(self) -> float | None:
+        """SGLang's schedule with mixed chunks off: a step prefills whenever a prompt can start
+        or continue — its chunks take the whole token budget and the running sequences wait the
+        step out — and decodes otherwise."""
+        load = self.load
+        if self.n_queued:
+            load[2] = 0.0
+            load[3] = 0.0
+            chunks, replays = self._plan_chunks()
+            if self.step_items:
+                self._decoding = False
+                return self._priced(chunks, replays, None, self._idle)
+        if self.n == 0:
+            return None
+        self._decoding = True
+        tokens = self._decode_tokens()
+        self._rank_tokens_max = int(load[2].max())
+        return self._priced(self._no_chunks, self._no_chunks, tokens, load)
+
+    def _priced(
+        self,
+        chunks: list[list[Chunk]],
+        replays: list[list[Chunk]],
+        tokens: np.ndarray | None,
+        load: np.ndarray,
+    ) -> float:
+        """The step's seconds: its expert imbalance sampled, one StepCost call for the chunks
+        and the decode ``load``, speculative decoding's own time on a decode step."""
         if self.experts is not None:
             imbalance, stall = self._mixed_experts(tokens)
         else:
@@ -165,7 +214,7 @@ class AggregatedInstance(DecodeGroup):
             imbalance, stall = (self.prefill_imbalance if chunked else self.decode_imbalance), 0.0
         self.imbalance = imbalance
         step = stall + self.cost.mixed_step(chunks, load, imbalance, replays)
-        return extra + (self._with_speculation(step) if self._decoding else step)
+        return self._with_speculation(step) if self._decoding else step
 
     def _plan_chunks(self) -> tuple[list[list[Chunk]], list[list[Chunk]]]:
         """Each rank's prefill chunks (and decoder-layer replay segments) in the budget its
@@ -258,7 +307,13 @@ class AggregatedInstance(DecodeGroup):
         a prompt whose last chunk ran is handed on (its first token is out)."""
         chunked = bool(self.step_items)
         decoded = self._decoding
-        super().end_step(dt)
+        if not decoded and self.n:  # prefill_first: they waited; their next step's row holds it
+            self._waited_s += dt
+            self.wait_steps += 1
+            self.wait_s += dt
+        else:
+            super().end_step(dt + self._waited_s)
+            self._waited_s = 0.0
         if chunked and decoded:
             self.mixed_steps += 1
             self.mixed_s += dt
@@ -342,6 +397,8 @@ class AggregatedInstance(DecodeGroup):
                 "prefill_only_s": self.prefill_only_s,
                 "step_tokens": self.step_tokens_sum,
                 "step_token_budget": self.max_tokens,
+                "wait_steps": self.wait_steps,
+                "wait_s": self.wait_s,
             }
         )
         return rep

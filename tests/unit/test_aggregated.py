@@ -350,6 +350,14 @@ def test_serving_aggregated_alone_gives_the_pool_its_defaults():
         (
             {
                 "serving": "aggregated",
+                "pools": {"aggregated": {"ep": 8, "tp": 1, "scheduler": "prefill_first"}},
+            },
+            "pools.aggregated",
+            "prefill_first needs one attention rank",
+        ),
+        (
+            {
+                "serving": "aggregated",
                 "faults": [{"kind": "link_cut", "at_s": 1, "duration_s": 1}],
             },
             "",
@@ -378,3 +386,69 @@ def test_a_token_budget_below_a_full_rank_of_decode_tokens_is_refused(policy, sa
         simulate(sc)
     assert err.value.path == "pools.aggregated.max_tokens_per_step"
     assert says in str(err.value)
+
+
+# ---- the other schedules: SGLang's prefill first, whole prompts ----------------------------------
+
+
+def _rows_meet_end_to_end(inst: AggregatedInstance) -> None:
+    """Between two step records with sequences running, the second's duration is the time since
+    the first ended: a step the sequences waited out is in the record after it (exact ITL)."""
+    end = np.asarray(inst.step_end)
+    dt = np.asarray(inst.step_dt)
+    n = np.asarray(inst.step_n)
+    both = (n[1:] > 0) & (n[:-1] > 0)
+    np.testing.assert_allclose(dt[1:][both], np.diff(end)[both], rtol=1e-12, atol=1e-12)
+
+
+def test_prefill_first_never_mixes_and_the_sequences_wait_out_the_prefill_steps():
+    """SGLang's schedule: long prompts arriving while a request decodes get steps of their own
+    (no step carries both), the whole budget each; the decoding request emits nothing in them,
+    so its TPOT and its largest ITL grow by them, and its step records still add up end to
+    end. Every request completes and the instance's invariants hold."""
+    busy = make_source([0.0, *np.linspace(0.3, 1.0, 8)], [500] + [6000] * 8, [300] + [1] * 8)
+    alone = make_source([0.0], 500, 300)
+    sc = scenario(**{"pools.aggregated.scheduler": "prefill_first"})
+    a = simulate(sc, source=alone)
+    b, cl = run_capturing(sc, source=busy)
+    load = b.summary["load"]["aggregated"]
+    assert load["mixed_steps"] == 0 and load["prefill_only_steps"] >= 8
+    assert load["wait_steps"] >= 8 and load["wait_s"] > 0
+    assert b.summary["requests"]["completed"] == 9
+    inst = instance(cl)
+    assert inst.check() == []
+    _rows_meet_end_to_end(inst)
+    first_a, first_b = a.requests.iloc[0], b.requests.iloc[0]
+    assert first_b["tpot_s"] > 1.3 * first_a["tpot_s"]
+    assert first_b["itl_max_s"] >= load["prefill_only_step_s_mean"]
+    # the chunks take the whole budget (no decode tokens beside them): full steps of 2,048
+    chunks = [c for c in inst.step_chunk_tokens.tolist() if c]
+    assert sum(chunks) == 500 + 8 * 6000 and max(chunks) == 2048
+    assert chunks.count(2048) >= 48000 // 2048 - 8
+
+
+def test_the_mixed_schedule_keeps_its_step_records_end_to_end_too():
+    busy = make_source([0.0, *np.linspace(0.3, 1.0, 8)], [500] + [6000] * 8, [300] + [1] * 8)
+    _, cl = run_capturing(scenario(), source=busy)
+    _rows_meet_end_to_end(instance(cl))
+
+
+def test_whole_prompts_are_never_split():
+    """``scheduler: whole``: a prompt goes into a step whole, beside the decode tokens, or waits
+    for the next step; with the chunked default the same load splits prompts to fill steps."""
+    source = make_source(np.linspace(0.0, 2.0, 40), 3000, 50)
+    over = {"pools.aggregated.max_tokens_per_step": 8192}
+    whole, cl_w = run_capturing(scenario(**over, **{"pools.aggregated.scheduler": "whole"}), source)
+    _, cl_t = run_capturing(scenario(**over), source)
+    assert whole.summary["requests"]["completed"] == 40
+    per_step = np.asarray(instance(cl_w).step_chunk_tokens)
+    assert per_step.max() > 3000 and (per_step % 3000 == 0).all()
+    assert (np.asarray(instance(cl_t).step_chunk_tokens) % 3000 != 0).any()
+
+
+def test_whole_prompts_longer_than_the_budget_are_refused_before_the_run():
+    sc = scenario(**{"pools.aggregated.scheduler": "whole"})
+    with pytest.raises(ConfigError) as err:
+        simulate(sc, source=make_source([0.0, 1.0], [1000, 5000], 10))
+    assert err.value.path == "pools.aggregated.max_tokens_per_step"
+    assert "longest prompt (5,000 tokens)" in str(err.value)

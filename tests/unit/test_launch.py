@@ -391,3 +391,30 @@ def test_the_launch_command_writes_the_files_and_refuses_bad_input(tmp_path: Pat
         res = runner.invoke(main, bad)
         assert res.exit_code == 2, (bad, res.output)
         assert res.output.startswith("error:") and "Traceback" not in res.output, res.output
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "mixed", "sglang_note", "vllm_chunked", "vllm_note"),
+    [
+        ("tokens", True, None, True, None),
+        ("prefill_first", False, None, True, "scheduler prefill_first"),
+        ("whole", False, "scheduler whole: SGLang mixes", False, None),
+    ],
+)
+def test_the_aggregated_schedule_maps_to_each_engines_setting(
+    scheduler, mixed, sglang_note, vllm_chunked, vllm_note
+):
+    """Chunks beside the decode tokens: SGLang's --enable-mixed-chunk (its default is prefill
+    first, unmixed); vLLM always mixes, so prefill_first is said not expressible there; whole
+    prompts turn chunked prefill off in both."""
+    sc = load_scenario("v3-h200-aggregated", [f"pools.aggregated.scheduler={scheduler}"])
+    files = launch_files(sc)
+    sg = flags(dry_run(files.sglang, "server"))
+    assert ("--enable-mixed-chunk" in sg) == mixed
+    assert (sg["--chunked-prefill-size"] == ["-1"]) == (scheduler == "whole")
+    said = " ".join(notes(files.sglang))
+    assert sglang_note is None or sglang_note in said
+    vl = flags(dry_run(files.vllm, "server"))
+    assert ("--no-enable-chunked-prefill" not in vl) == vllm_chunked
+    said = " ".join(notes(files.vllm))
+    assert (vllm_note is not None and vllm_note in said) or "prefill_first" not in said
