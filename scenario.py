@@ -168,10 +168,10 @@ class DecodePool(ExpertParallelPool):
 class AggregatedPool(ExpertParallelPool):
     """Aggregated serving (``serving: aggregated``): instances of ``ep`` GPUs, each ``dp`` ranks
     of ``tp`` GPUs (experts over ``ep / moe_tp`` groups, as the other pools), every rank
-    prefilling and decoding its own requests in the same steps: each running sequence's decode
-    tokens first, prefill chunks filling the rest of the step's token budget, oldest request
-    first (vLLM's and SGLang's chunked prefill). A prompt is decoded on the rank that prefilled
-    it: no P->D transfer."""
+    prefilling and decoding its own requests: by default each running sequence's decode tokens
+    first, prefill chunks filling the rest of the step's token budget, oldest request first
+    (vLLM's chunked prefill; ``scheduler`` gives SGLang's and TensorRT-LLM's schedules). A prompt
+    is decoded on the rank that prefilled it: no P->D transfer."""
 
     instances: int = Field(1, ge=1, le=MAX_INSTANCES, description="aggregated instances")
     ep: int = Field(8, ge=1, le=MAX_EP, description="GPUs of one instance (= DP when tp = 1)")
@@ -208,8 +208,8 @@ class AggregatedPool(ExpertParallelPool):
         "whole prompts only, as many as fit beside the decode tokens (TensorRT-LLM's in-flight "
         "batching without chunked context, as on Hopper); prefill_first: a step prefills "
         "whenever a prompt can start or continue, its chunks taking the whole budget while the "
-        "running sequences wait, and decodes otherwise (SGLang's default, mixed chunks off; "
-        "one attention rank: tp = ep)",
+        "running sequences wait, and decodes otherwise, rank by rank (SGLang's default, mixed "
+        "chunks off)",
     )
     step_time_budget_s: float = Field(
         1.0,
@@ -217,16 +217,6 @@ class AggregatedPool(ExpertParallelPool):
         le=3600,
         description="scheduler chunked: prefill time a step's chunks may take",
     )
-
-    @model_validator(mode="after")
-    def _prefill_first_on_one_rank(self) -> AggregatedPool:
-        if self.scheduler == "prefill_first" and self.tp != self.ep:
-            raise ValueError(
-                f"scheduler prefill_first needs one attention rank (tp = ep), not {self.dp} "
-                "(ep / tp): with DP attention SGLang pauses only the rank that prefills, which "
-                "this scheduler does not model"
-            )
-        return self
 
     @property
     def gpus(self) -> int:

@@ -14,11 +14,11 @@ config's ``pools.prefill.scheduler`` tag to one:
 - ``whole`` (:class:`WholePrompts`, the baseline and the reference double): first come, first
   served, whole prompts within the token budget; a prompt larger than the budget runs alone.
 - ``tokens`` (:class:`TokenBudget`, aggregated serving's default, ``pools.aggregated.scheduler``):
-  vLLM's and SGLang's chunked prefill — each sequence, oldest first, takes as much of the step's
-  token budget as is left (after the running sequences' decode tokens), so a long prompt spans
-  several steps; no time budget. ``prefill_first`` chunks the same way, in steps that carry no
-  decode tokens (``sim/stages/aggregated.py``); an aggregated ``whole`` (:class:`WholeBeside`)
-  fits whole prompts beside the decode tokens.
+  vLLM's chunked prefill (SGLang's with mixed chunks) — each sequence, oldest first, takes as
+  much of the step's token budget as is left (after the running sequences' decode tokens), so a
+  long prompt spans several steps; no time budget. ``prefill_first`` chunks the same way, on
+  ranks whose sequences sit the step out (``sim/stages/aggregated.py``); an aggregated ``whole``
+  (:class:`WholeBeside`) fits whole prompts beside the decode tokens.
 
 The rank keeps the budgets (time left after the fixed term a, tokens left) and charges each
 chosen chunk to both the same way under every policy; the policies only read them. All are

@@ -5,9 +5,12 @@ chunk: a decode group steps all its sequences together, and everything a sequenc
 step (one token, or under speculative decoding every accepted draft plus the bonus token) arrives
 at the step's end, one step duration after its previous step's tokens. Only a sequence's first
 step has its own gap (from the first token, delivered with the KV hand-off, to the end of that
-step). From each group's step table and each request's first/last step we get the per-step ITL
-distribution (step durations weighted by the sequences that stepped, plus the first gaps) and
-each request's largest ITL (a range-maximum query over the step durations). Percentiles of these
+step), and so has a step after steps the sequence sat out (an aggregated rank that prefilled
+instead, ``scheduler: prefill_first``): the step and the wait before it. From each group's step
+table, its waits and each request's first/last step we get the per-step ITL distribution
+(step durations weighted by the sequences that stepped, plus the first gaps and the waited
+steps) and each request's largest ITL (a range-maximum query over the step durations, and its
+waited steps). Percentiles of these
 weighted samples are the weighted inverse CDF (the smallest value whose cumulative weight
 reaches p %), not numpy's interpolation.
 
@@ -97,10 +100,22 @@ def itl_summary(
         per_seq = np.asarray(g.step_tokens, dtype=float) / np.maximum(n, 1)
         with np.errstate(divide="ignore", invalid="ignore"):
             tok_dt = dt / per_seq
+        step_w = n - new
+        # a sequence that sat steps out (an aggregated rank prefilling) waited before its step:
+        # that step's sample for it is the step and the wait
+        w_row = np.asarray(g.wait_row, dtype=np.int64)
+        w_gap = dt[w_row] + np.asarray(g.wait_s_before)
+        if w_row.size:
+            step_w = step_w - np.bincount(w_row, minlength=dt.size)
+            values.append(w_gap)
+            weights.append(np.ones(w_gap.size, dtype=np.int64))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                tok_values.append(w_gap / per_seq[w_row])
+            tok_weights.append(per_seq[w_row])
         values.append(dt)
-        weights.append(n - new)
+        weights.append(step_w)
         tok_values.append(tok_dt)
-        tok_weights.append((n - new) * per_seq)
+        tok_weights.append(step_w * per_seq)
         rids = np.flatnonzero((table.decode_group == g.idx) & (table.decode_first_step >= 0))
         k0 = table.decode_first_step[rids]
         stepped = k0 < dt.size
@@ -117,6 +132,10 @@ def itl_summary(
         later = finished & (k1 > k0)
         worst[later] = np.maximum(worst[later], range_max(dt, k0[later] + 1, k1[later]))
         max_itl[rids[finished]] = worst[finished]
+        if w_row.size:  # the waits: a gap longer than any one step
+            w_rid = np.asarray(g.wait_rid, dtype=np.int64)
+            done = table.decode_last_step[w_rid] >= 0
+            np.fmax.at(max_itl, w_rid[done], w_gap[done])
     if not values:
         empty = weighted_stats(np.zeros(0), np.zeros(0), percentiles)
         return {"itl_s": empty, "itl_per_token_s": dict(empty)}, max_itl

@@ -15,10 +15,10 @@ ITL is rebuilt from) whose DP ranks also run prompts. Every step, on each rank:
 
 That is vLLM's chunked prefill (``pools.aggregated.scheduler`` ``tokens``; ``whole`` takes whole
 prompts only, TensorRT-LLM's in-flight batching on Hopper). SGLang's default, ``prefill_first``,
-does not mix: a step prefills whenever a prompt can start or continue, its chunks taking the whole
-budget while the running sequences wait, and decodes otherwise; a wait is carried into the
-sequences' next step record, so their ITL spans it (one attention rank only: with DP attention
-SGLang pauses only the rank that prefills).
+does not mix, rank by rank: a DP rank prefills whenever a prompt of its own can start or continue,
+its chunks taking its whole budget while its running sequences sit the step out, and decodes
+otherwise; the other ranks decode in the same (longer) step. A sequence's next ITL after a wait
+spans it (``DecodeGroup.sat_out``, ``sim/results/itl.py``).
 
 A prompt whose last chunk ran has its first token at the end of that step (its TTFT) and joins
 the rank's decode batch at the next step, its KV already there: no transfer. A decode step that
@@ -125,9 +125,8 @@ class AggregatedInstance(DecodeGroup):
         self.decode_only_steps = self.mixed_steps = self.prefill_only_steps = 0
         self.step_tokens_sum = 0  # decode and chunk tokens over every step
         self.prefill_first = prefill_first
-        self._idle = np.zeros_like(self.load)  # a step's decode load while the sequences wait
-        self._waited_s = 0.0  # prefill-only steps the running sequences waited since they last ran
-        self.wait_steps = 0
+        self._prefilling_ranks = np.zeros(dp, dtype=bool)  # prefill_first: ranks that sit out
+        self.wait_steps = 0  # steps in which some running sequences waited (prefill_first)
         self.wait_s = 0.0
 
     # ---- routing side -------------------------------------------------------------------------
@@ -180,23 +179,38 @@ class AggregatedInstance(DecodeGroup):
         return self._priced(chunks, replays, tokens, load)
 
     def _prefill_first_step(self) -> float | None:
-        """SGLang's schedule with mixed chunks off: a step prefills whenever a prompt can start
-        or continue — its chunks take the whole token budget and the running sequences wait the
-        step out — and decodes otherwise."""
+        """SGLang's schedule with mixed chunks off, rank by rank (each DP rank schedules itself
+        and the ranks step together): a rank prefills whenever a prompt of its own can start or
+        continue — its chunks take its whole token budget and its running sequences sit the
+        step out (``sat_out``) — and decodes otherwise. The step lasts as long as its slowest
+        rank."""
         load = self.load
+        sat = self._prefilling_ranks
+        sat[:] = False
+        chunks, replays = self._no_chunks, self._no_chunks
         if self.n_queued:
             load[2] = 0.0
             load[3] = 0.0
             chunks, replays = self._plan_chunks()
-            if self.step_items:
-                self._decoding = False
-                return self._priced(chunks, replays, None, self._idle)
-        if self.n == 0:
+            for r, rank_chunks in enumerate(chunks):
+                sat[r] = bool(rank_chunks)
+        else:
+            self.step_items.clear()
+            self._rank_tokens_max = 0
+        self.sat_out = sat
+        self._decoding = bool((self.batch[~sat] > 0).any())
+        if not (self._decoding or self.step_items):
             return None
-        self._decoding = True
-        tokens = self._decode_tokens()
-        self._rank_tokens_max = int(load[2].max())
-        return self._priced(self._no_chunks, self._no_chunks, tokens, load)
+        tokens = self._decode_tokens() if self._decoding else None
+        if tokens is None:
+            load[2] = 0.0
+            load[3] = 0.0
+        self._rank_tokens_max = max(self._rank_tokens_max, int(load[2].max()))
+        costed = load
+        if sat.any():  # a rank that prefills runs none of its sequences' decode work
+            costed = load.copy()
+            costed[:, sat] = 0.0
+        return self._priced(chunks, replays, tokens, costed)
 
     def _priced(
         self,
@@ -307,13 +321,10 @@ class AggregatedInstance(DecodeGroup):
         a prompt whose last chunk ran is handed on (its first token is out)."""
         chunked = bool(self.step_items)
         decoded = self._decoding
-        if not decoded and self.n:  # prefill_first: they waited; their next step's row holds it
-            self._waited_s += dt
+        if self.sat_out is not None and (self.batch[self.sat_out] > 0).any():
             self.wait_steps += 1
             self.wait_s += dt
-        else:
-            super().end_step(dt + self._waited_s)
-            self._waited_s = 0.0
+        super().end_step(dt)
         if chunked and decoded:
             self.mixed_steps += 1
             self.mixed_s += dt

@@ -92,6 +92,14 @@ class DecodeGroup(StepLoop):
         self.s_ctx = np.zeros(cap, dtype=np.int64)  # context tokens the sequence holds
         self.s_cls = np.zeros(cap, dtype=np.int64)  # traffic class (expert-load model)
         self.spec = spec
+        # set for a step by a subclass whose ranks may sit a step out (an aggregated instance
+        # under SGLang's schedule): per rank, whether its sequences wait this step (None: none)
+        self.sat_out: np.ndarray | None = None
+        self.s_wait = np.zeros(cap)  # seconds a sequence sat out since it last emitted
+        # per-step ITLs that a wait lengthened: (step, request, seconds waited before it)
+        self.wait_row = array("i")
+        self.wait_rid = array("q")
+        self.wait_s_before = array("d")
         self._draft_s = 0.0  # this step's drafting time (SpecDecoder.draft)
         self.ideal = ideal_balance  # cost every step as if each rank held the mean load
         self.recompute: list[list[tuple[int, int]]] = [[] for _ in range(ep)]
@@ -232,9 +240,14 @@ class DecodeGroup(StepLoop):
         spec = self.spec
         hw = self.hw
         live = self.s_req[:hw] >= 0
+        sat = self.sat_out
+        if sat is not None:
+            live &= ~sat[self.s_rank[:hw]]
         if spec is None or not spec.active:
             load[2] = load[0]
             load[3] = load[1]
+            if sat is not None:
+                load[2:, sat] = 0.0
             return live.astype(np.float64)
         if spec.draft is not None:  # fixed per group: _draft_s stays 0.0 without one
             costed = self._costed(load)
@@ -285,6 +298,9 @@ class DecodeGroup(StepLoop):
 
     def end_step(self, dt: float) -> None:
         """Every running sequence emitted its tokens; retire the finished ones."""
+        if self.sat_out is not None:
+            self._end_step_sat_out(dt)
+            return
         n = self.n
         k = self.steps
         now = self.env.now
@@ -311,6 +327,77 @@ class DecodeGroup(StepLoop):
         else:
             live = self.s_req[:hw] >= 0
             emitted = spec.accept(hw, live, left)
+            grown = np.zeros(self.ep)
+            args = (emitted, self.s_rank[:hw], self.s_ctx[:hw], left, self.kv, grown)
+            out = int((advance_compiled if COMPILED else advance)(*args))
+            self.tokens_out += out
+            self.step_tokens.append(out)
+            self.kv_admission.grow(self.reserved, grown)
+        idx = np.flatnonzero(left <= 0)
+        if idx.size:
+            self._retire(idx, now, k)
+        hw = self.hw
+        drop = self.kv_admission.victims(
+            self.reserved,
+            self.kv_capacity,
+            self.s_rank[:hw],
+            self.s_req[:hw],
+            self.s_k0[:hw],
+            self.s_ctx[:hw],
+        )
+        if drop.size:
+            self._preempt(drop)
+
+    def _end_step_sat_out(self, dt: float) -> None:
+        """:meth:`end_step` of a step some ranks sat out (``sat_out``): only the other ranks'
+        sequences emit. A sequence that waited keeps the seconds (``s_wait``) until it next
+        emits; that step's ITL is then its duration plus the wait (``wait_row`` ...), and a new
+        sequence's first step is the first it runs in (its ``s_k0``, ``decode_first_step``)."""
+        assert self.sat_out is not None
+        n = self.n
+        k = self.steps
+        now = self.env.now
+        t = self.table
+        hw = self.hw
+        live = self.s_req[:hw] >= 0
+        sat = live & self.sat_out[self.s_rank[:hw]]
+        stepping = live & ~sat
+        ran = int(stepping.sum())
+        wait = self.s_wait[:hw]
+        for i in np.flatnonzero(stepping & (wait > 0)).tolist():
+            self.wait_row.append(k)
+            self.wait_rid.append(int(self.s_req[i]))
+            self.wait_s_before.append(float(wait[i]))
+            wait[i] = 0.0
+        new = live & (self.s_k0[:hw] == k)
+        wait[sat & ~new] += dt  # a new sequence's first gap, from its first token, spans it
+        for i in np.flatnonzero(new & sat).tolist():  # its first step is a later one
+            self.s_k0[i] = k + 1
+            rid = int(self.s_req[i])
+            if t.decode_first_step[rid] == k:
+                t.decode_first_step[rid] = k + 1
+        self.new_this_step = 0
+        self.step_end.append(now)
+        self.step_dt.append(dt)
+        self.step_n.append(ran)
+        self.step_new.append(int((new & stepping).sum()))
+        self.busy_s += dt
+        self.seq_steps += ran
+        self.seq_s += n * dt
+        self.kv_s += float(self.kv.sum()) * dt
+        self.reserved_s += float(self.reserved.sum()) * dt
+        left = self.s_left[:hw]
+        spec = self.spec
+        if spec is None or not spec.active:
+            self.tokens_out += ran
+            self.step_tokens.append(ran)
+            grown = np.where(self.sat_out, 0.0, self.batch)
+            self.kv += grown
+            self.kv_admission.grow(self.reserved, grown)
+            self.s_ctx[:hw][stepping] += 1
+            left[stepping] -= 1
+        else:
+            emitted = spec.accept(hw, stepping, left)
             grown = np.zeros(self.ep)
             args = (emitted, self.s_rank[:hw], self.s_ctx[:hw], left, self.kv, grown)
             out = int((advance_compiled if COMPILED else advance)(*args))
@@ -362,6 +449,7 @@ class DecodeGroup(StepLoop):
         self.s_req[i] = -1
         self.s_left[i] = _IDLE
         self.s_ctx[i] = 0
+        self.s_wait[i] = 0.0
         self.free.append(i)
         self.n -= 1
         t.state[rid] = State.DECODE_WAIT

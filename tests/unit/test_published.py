@@ -21,6 +21,7 @@ CASES = {
     "trtllm-r1-b200-max-throughput": 1,
     "gpustack-r1-h200": 3,
     "dstack-r1-h200": 1,
+    "dstack-r1-h200-aggregated": 3,
     "rtp-llm-v3-h800": 2,
     "cloudmatrix384-r1-910c": 7,
 }
