@@ -80,6 +80,7 @@ class WholePrompts:
     budget runs alone in its step. Ignores the time budget."""
 
     __slots__ = ()
+    alone_over_budget = True  # the first prompt of a step goes in whatever its size
 
     def take(
         self,
@@ -92,7 +93,8 @@ class WholePrompts:
         c: float,
         d: float,
     ) -> int:
-        return remaining if (remaining <= tokens_left or first) else 0
+        fits = remaining <= tokens_left or (first and self.alone_over_budget)
+        return remaining if fits else 0
 
     def full(self, time_left: float, tokens_left: int) -> bool:
         return tokens_left <= 0
@@ -143,28 +145,13 @@ class TokenBudget:
         return tokens_left <= 0
 
 
-class WholeBeside:
+class WholeBeside(WholePrompts):
     """Whole prompts in what the decode tokens leave of the token budget, first come first
-    served: the first that does not fit waits for a later step (aggregated ``whole``; a prompt
-    longer than the budget is refused when it is submitted)."""
+    served: the first that does not fit waits for a later step (aggregated ``whole``; a
+    workload with a prompt longer than the budget is refused before the run)."""
 
     __slots__ = ()
-
-    def take(
-        self,
-        remaining: int,
-        pos: int,
-        time_left: float,
-        tokens_left: int,
-        first: bool,
-        b: float,
-        c: float,
-        d: float,
-    ) -> int:
-        return remaining if remaining <= tokens_left else 0
-
-    def full(self, time_left: float, tokens_left: int) -> bool:
-        return tokens_left <= 0
+    alone_over_budget = False
 
 
 CHUNK_POLICIES: dict[str, type[WholePrompts | QuadraticChunks]] = {

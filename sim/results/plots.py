@@ -72,46 +72,33 @@ def plot_data(result: Result) -> list[dict[str, Any]]:
         }
     ]
     if not ts.empty:
-        time_axis = "simulated time (s)"
-        figures.append(
-            {
-                "name": "timeseries.png",
-                "title": None,
-                "top": 0.91,
-                "panels": [
-                    {
-                        "lines": [
-                            _line(ts, "output_tok_per_s", "output tok/s"),
-                            _line(ts, "prefill_tok_per_s", "prefill tok/s"),
-                        ],
-                        "ysymlog": True,
-                        "title": "throughput",
-                        "xlabel": time_axis,
-                    },
-                    {
-                        "lines": [
-                            _line(ts, "prefill_queue", "prefill queue"),
-                            _line(ts, "transfers_in_flight", "transfers in flight"),
-                            _line(ts, "decode_waiting", "decode waiting"),
-                            _line(ts, "decode_running", "decode running"),
-                        ],
-                        "title": "requests by stage",
-                        "xlabel": time_axis,
-                    },
-                    {
-                        "lines": [
-                            _line(ts, "prefill_util", "prefill busy"),
-                            _line(ts, "decode_util", "decode busy"),
-                            _line(ts, "decode_kv_reserved_frac", "decode KV reserved"),
-                        ],
-                        "ylim": (0, 1.05),
-                        "title": "busy fraction and KV occupancy",
-                        "xlabel": time_axis,
-                    },
-                ],
-            }
-        )
+        panels = [
+            _series(ts, "throughput", THROUGHPUT, ysymlog=True),
+            _series(ts, "requests by stage", STAGES),
+            _series(ts, "busy fraction and KV occupancy", BUSY, ylim=(0, 1.05)),
+        ]
+        figures.append({"name": "timeseries.png", "title": None, "top": 0.91, "panels": panels})
     return figures
+
+
+THROUGHPUT = (("output_tok_per_s", "output tok/s"), ("prefill_tok_per_s", "prefill tok/s"))
+STAGES = (
+    ("prefill_queue", "prefill queue"),
+    ("transfers_in_flight", "transfers in flight"),
+    ("decode_waiting", "decode waiting"),
+    ("decode_running", "decode running"),
+)
+BUSY = (
+    ("prefill_util", "prefill busy"),
+    ("decode_util", "decode busy"),
+    ("decode_kv_reserved_frac", "decode KV reserved"),
+)
+
+
+def _series(ts: Any, title: str, columns: tuple[tuple[str, str], ...], **more: Any) -> dict:
+    """A time-series panel: each (column, label) of ``ts`` downsampled, over simulated time."""
+    lines = [_line(ts, col, label) for col, label in columns]
+    return {"lines": lines, "title": title, "xlabel": "simulated time (s)", **more}
 
 
 def render_here(figures: list[dict[str, Any]]) -> list[tuple[str, bytes]]:

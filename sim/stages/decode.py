@@ -325,14 +325,23 @@ class DecodeGroup(StepLoop):
             self.s_ctx[:hw] += 1
             left -= 1  # holes hold _IDLE and never reach zero
         else:
-            live = self.s_req[:hw] >= 0
-            emitted = spec.accept(hw, live, left)
-            grown = np.zeros(self.ep)
-            args = (emitted, self.s_rank[:hw], self.s_ctx[:hw], left, self.kv, grown)
-            out = int((advance_compiled if COMPILED else advance)(*args))
-            self.tokens_out += out
-            self.step_tokens.append(out)
-            self.kv_admission.grow(self.reserved, grown)
+            self._emit_accepted(hw, self.s_req[:hw] >= 0, left)
+        self._retire_and_preempt(left, now, k)
+
+    def _emit_accepted(self, hw: int, live: np.ndarray, left: np.ndarray) -> None:
+        """Speculative decoding: the ``live`` slots emit what the chain accepts, advanced."""
+        assert self.spec is not None
+        emitted = self.spec.accept(hw, live, left)
+        grown = np.zeros(self.ep)
+        args = (emitted, self.s_rank[:hw], self.s_ctx[:hw], left, self.kv, grown)
+        out = int((advance_compiled if COMPILED else advance)(*args))
+        self.tokens_out += out
+        self.step_tokens.append(out)
+        self.kv_admission.grow(self.reserved, grown)
+
+    def _retire_and_preempt(self, left: np.ndarray, now: float, k: int) -> None:
+        """After a step: retire the sequences with no tokens left, then drop those the KV
+        admission policy says no longer fit."""
         idx = np.flatnonzero(left <= 0)
         if idx.size:
             self._retire(idx, now, k)
@@ -397,27 +406,8 @@ class DecodeGroup(StepLoop):
             self.s_ctx[:hw][stepping] += 1
             left[stepping] -= 1
         else:
-            emitted = spec.accept(hw, stepping, left)
-            grown = np.zeros(self.ep)
-            args = (emitted, self.s_rank[:hw], self.s_ctx[:hw], left, self.kv, grown)
-            out = int((advance_compiled if COMPILED else advance)(*args))
-            self.tokens_out += out
-            self.step_tokens.append(out)
-            self.kv_admission.grow(self.reserved, grown)
-        idx = np.flatnonzero(left <= 0)
-        if idx.size:
-            self._retire(idx, now, k)
-        hw = self.hw
-        drop = self.kv_admission.victims(
-            self.reserved,
-            self.kv_capacity,
-            self.s_rank[:hw],
-            self.s_req[:hw],
-            self.s_k0[:hw],
-            self.s_ctx[:hw],
-        )
-        if drop.size:
-            self._preempt(drop)
+            self._emit_accepted(hw, stepping, left)
+        self._retire_and_preempt(left, now, k)
 
     def _preempt(self, slots: np.ndarray) -> None:
         """Drop the sequences in ``slots`` (their KV is freed; each waits at the head of its
