@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 _MODULE = "deepinfer_sim.sim.results.plot_worker"
+_WAIT_S = 120.0  # two figures take well under a second; a worker this late is stuck
 _worker: PlotWorker | None = None
 
 
@@ -57,9 +58,15 @@ class PlotWorker:
             self._pngs = value
 
     def result(self) -> list[tuple[str, bytes]] | None:
+        """The PNGs, waiting at most ``_WAIT_S`` (a worker that hangs is killed: the run then
+        draws the plots itself)."""
         if self._thread is None:
             return None
-        self._thread.join()
+        self._thread.join(_WAIT_S)
+        if self._thread.is_alive():
+            self.stop()
+            self._thread.join()
+            return None
         return self._pngs
 
     def stop(self) -> None:

@@ -97,3 +97,21 @@ def test_the_console_script_writes_the_plots_a_run_in_process_writes(tmp_path: P
     for name in ("latency_cdf.png", "timeseries.png"):
         script = (tmp_path / "script" / "plots" / name).read_bytes()
         assert script == (tmp_path / "here" / "plots" / name).read_bytes(), name
+
+
+def test_a_worker_that_hangs_is_killed_and_answers_nothing(monkeypatch):
+    """A worker past the wait (here: one that never reads its input) is stopped; the run then
+    draws the plots itself."""
+    monkeypatch.setattr(plot_worker, "_WAIT_S", 0.5)
+    worker = plot_worker.PlotWorker.__new__(plot_worker.PlotWorker)
+    worker._proc = subprocess.Popen(  # a process that holds stdin open and says nothing
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    worker._thread = None
+    worker._pngs = None
+    worker.submit(_figures())
+    assert worker.result() is None
+    assert worker._proc.poll() is not None  # killed
