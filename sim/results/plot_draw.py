@@ -20,7 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import LogFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 DPI = 110
 _SLO_COLOR = "#b3261e"
@@ -34,10 +34,10 @@ def _panel(ax: Any, panel: dict[str, Any]) -> None:
         ax.axvline(vline[0], color=_SLO_COLOR, linestyle="--", linewidth=1.2, label=vline[1])
     if panel.get("xlog"):
         ax.set_xscale("log")
-        # major ticks labelled as plain numbers (no mathtext to typeset), no minor ticks: the
-        # tick artists are most of a small run's drawing time
-        ax.xaxis.set_major_formatter(LogFormatter(labelOnlyBase=True))
-        ax.xaxis.set_minor_locator(NullLocator())
+        # decades labelled as plain numbers (0.01, 1, 10: no mathtext to typeset), the minor
+        # ticks unlabelled (their labels overlap on short ranges)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
     if panel.get("ysymlog"):
         ax.set_yscale("symlog")
     if panel.get("ylim") is not None:
