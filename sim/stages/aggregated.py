@@ -206,11 +206,7 @@ class AggregatedInstance(DecodeGroup):
             load[2] = 0.0
             load[3] = 0.0
         self._rank_tokens_max = max(self._rank_tokens_max, int(load[2].max()))
-        costed = load
-        if sat.any():  # a rank that prefills runs none of its sequences' decode work
-            costed = load.copy()
-            costed[:, sat] = 0.0
-        return self._priced(chunks, replays, tokens, costed)
+        return self._priced(chunks, replays, tokens, self._costed(load))
 
     def _priced(
         self,

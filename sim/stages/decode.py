@@ -281,8 +281,13 @@ class DecodeGroup(StepLoop):
         return stall
 
     def _costed(self, load: np.ndarray) -> np.ndarray:
-        """The per-rank rows the step is charged for: as they are, or (the offline ideal) every
-        rank at the group mean."""
+        """The per-rank rows the step is charged for: as they are — but none for a rank whose
+        sequences sit the step out (``sat_out``) — or (the offline ideal) every rank at the
+        group mean."""
+        sat = self.sat_out
+        if sat is not None and sat.any():
+            load = load.copy()
+            load[:, sat] = 0.0
         if not self.ideal:
             return load
         return np.repeat(load.mean(axis=1, keepdims=True), self.ep, axis=1)

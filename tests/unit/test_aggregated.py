@@ -483,3 +483,37 @@ def test_whole_prompts_longer_than_the_budget_are_refused_before_the_run():
         simulate(sc, source=make_source([0.0, 1.0], [1000, 5000], 10))
     assert err.value.path == "pools.aggregated.max_tokens_per_step"
     assert "longest prompt (5,000 tokens)" in str(err.value)
+
+
+@pytest.mark.parametrize("tp", [8, 1])
+@pytest.mark.parametrize("kv_policy", ["reserve", "preempt"])
+def test_prefill_first_with_mtp_and_kv_pressure_serves_everything(tp, kv_policy):
+    """SGLang's schedule beside speculative decoding (MTP-1) and, under ``preempt``, a rank
+    short of KV: every request completes, the instance's invariants hold, and without
+    preemption each request's per-step gaps still add up to its first-to-last-token time."""
+    over: dict[str, Any] = {
+        "pools.aggregated.scheduler": "prefill_first",
+        "pools.aggregated.tp": tp,
+        "pools.aggregated.max_seqs_per_rank": 32 if tp == 8 else 8,
+        "pools.aggregated.kv_policy": kv_policy,
+        "policies.speculative.policy": "mtp1",
+        "workload.rate_scale": 2.0,
+    }
+    if kv_policy == "preempt":
+        over["pools.aggregated.kv_hbm_fraction"] = 0.02
+    result, cl = run_capturing(scenario(**over))
+    s = result.summary
+    assert s["requests"]["completed"] == 150
+    assert s["load"]["aggregated"]["wait_steps"] > 0
+    inst = instance(cl)
+    assert inst.check() == []
+    if kv_policy == "preempt":
+        assert s["decode"]["preemptions"] > 0
+        return
+    t = cl.table
+    end, dt, n, new = inst.step_table()
+    decoded = np.flatnonzero(t.decode_first_step >= 0)
+    first_gaps = end[t.decode_first_step[decoded]] - t.t_transfer_end[decoded]
+    total = float(((n - new) * dt).sum() + np.asarray(inst.wait_s_before).sum() + first_gaps.sum())
+    spans = float((t.t_done[decoded] - t.t_transfer_end[decoded]).sum())
+    assert total == pytest.approx(spans, rel=1e-9)
