@@ -115,8 +115,17 @@ class PoolShape:
     eplb: EplbPool
     max_seqs_per_rank: int | None
     max_tokens_per_step: int | None
-    whole_prompts: bool  # prefill or aggregated scheduler "whole": no chunking
-    mixed: bool  # aggregated scheduler "tokens" or "chunked": chunks and decode in one step
+    scheduler: str | None  # the prefill or aggregated pool's; None for a decode group
+
+    @property
+    def whole_prompts(self) -> bool:
+        """Prompts never chunked (prefill or aggregated scheduler "whole")."""
+        return self.scheduler == "whole"
+
+    @property
+    def mixed(self) -> bool:
+        """An aggregated step carries chunks beside the decode tokens ("tokens", "chunked")."""
+        return self.role == "aggregated" and self.scheduler in ("tokens", "chunked")
 
     @property
     def dp(self) -> int:
@@ -172,8 +181,7 @@ def pool_shapes(sc: Scenario, base_dir: Path | None = None) -> list[PoolShape]:
             eplb=eplb_pool,
             max_seqs_per_rank=getattr(pool, "max_seqs_per_rank", None),
             max_tokens_per_step=getattr(pool, "max_tokens_per_step", None),
-            whole_prompts=getattr(pool, "scheduler", None) == "whole",
-            mixed=role == "aggregated" and pool.scheduler in ("tokens", "chunked"),
+            scheduler=getattr(pool, "scheduler", None),
         )
 
     if sc.aggregated and p.aggregated is not None:
@@ -719,7 +727,7 @@ def vllm_flags(
             )
     if s.two_batch_overlap:
         args.append(_arg("--enable-dbo", why=f"{pool}.two_batch_overlap (dual-batch overlap)"))
-    if s.role == "aggregated" and not (s.mixed or s.whole_prompts):
+    if s.role == "aggregated" and s.scheduler == "prefill_first":
         notes.add(
             f"{pool}.scheduler prefill_first: vLLM's scheduler puts prefill chunks into the "
             "decode steps (as scheduler tokens)"

@@ -6,6 +6,7 @@ PNG atomically, last of a run's files, or measures them when a full disk asks wh
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,11 +119,6 @@ def write_pngs(folder: Path, pngs: list[tuple[str, bytes]]) -> list[Path]:
     return paths
 
 
-def write_plots(result: Result, folder: Path) -> list[Path]:
-    """Each figure as ``folder/<name>.png``, drawn here."""
-    return write_pngs(folder, render_here(plot_data(result)))
-
-
 def plots_output(result: Result) -> Output:
     """The plots as a run's last output. A worker ``run`` started gets the figures now, so it
     draws while the other files are written; without one (or when it fails) they are drawn
@@ -131,13 +127,11 @@ def plots_output(result: Result) -> Output:
     worker = plot_worker.take()
     if worker is not None:
         worker.submit(figures)
-    pngs: list[list[tuple[str, bytes]]] = []
 
+    @functools.cache
     def rendered() -> list[tuple[str, bytes]]:
-        if not pngs:
-            done = worker.result() if worker is not None else None
-            pngs.append(done if done is not None else render_here(figures))
-        return pngs[0]
+        done = worker.result() if worker is not None else None
+        return done if done is not None else render_here(figures)
 
     return Output(
         "plots",

@@ -124,8 +124,8 @@ class AggregatedInstance(DecodeGroup):
         self.decode_only_s = self.mixed_s = self.prefill_only_s = 0.0
         self.decode_only_steps = self.mixed_steps = self.prefill_only_steps = 0
         self.step_tokens_sum = 0  # decode and chunk tokens over every step
-        self.prefill_first = prefill_first
-        self._prefilling_ranks = np.zeros(dp, dtype=bool)  # prefill_first: ranks that sit out
+        if prefill_first:  # per rank, whether it prefills this step and its sequences sit out
+            self.sat_out = np.zeros(dp, dtype=bool)
         self.wait_steps = 0  # steps in which some running sequences waited (prefill_first)
         self.wait_s = 0.0
 
@@ -162,7 +162,7 @@ class AggregatedInstance(DecodeGroup):
 
     def begin_step(self) -> float | None:
         extra = self._admit_waiting()  # prompts prefilled last step join the decode batch
-        step = self._prefill_first_step() if self.prefill_first else self._mixed_step()
+        step = self._mixed_step() if self.sat_out is None else self._prefill_first_step()
         return None if step is None else extra + step
 
     def _mixed_step(self) -> float | None:
@@ -185,7 +185,8 @@ class AggregatedInstance(DecodeGroup):
         step out (``sat_out``) — and decodes otherwise. The step lasts as long as its slowest
         rank."""
         load = self.load
-        sat = self._prefilling_ranks
+        sat = self.sat_out
+        assert sat is not None
         sat[:] = False
         chunks, replays = self._no_chunks, self._no_chunks
         if self.n_queued:
@@ -197,7 +198,6 @@ class AggregatedInstance(DecodeGroup):
         else:
             self.step_items.clear()
             self._rank_tokens_max = 0
-        self.sat_out = sat
         self._decoding = bool((self.batch[~sat] > 0).any())
         if not (self._decoding or self.step_items):
             return None

@@ -378,18 +378,19 @@ class DecodeGroup(StepLoop):
         stepping = live & ~sat
         ran = int(stepping.sum())
         wait = self.s_wait[:hw]
-        for i in np.flatnonzero(stepping & (wait > 0)).tolist():
-            self.wait_row.append(k)
-            self.wait_rid.append(int(self.s_req[i]))
-            self.wait_s_before.append(float(wait[i]))
-            wait[i] = 0.0
+        back = np.flatnonzero(stepping & (wait > 0))  # they waited: this gap holds the wait
+        if back.size:
+            self.wait_row.frombytes(np.full(back.size, k, dtype=np.int32).tobytes())
+            self.wait_rid.frombytes(self.s_req[back].astype(np.int64).tobytes())
+            self.wait_s_before.frombytes(wait[back].tobytes())
+            wait[back] = 0.0
         new = live & (self.s_k0[:hw] == k)
         wait[sat & ~new] += dt  # a new sequence's first gap, from its first token, spans it
-        for i in np.flatnonzero(new & sat).tolist():  # its first step is a later one
-            self.s_k0[i] = k + 1
-            rid = int(self.s_req[i])
-            if t.decode_first_step[rid] == k:
-                t.decode_first_step[rid] = k + 1
+        later = np.flatnonzero(new & sat)  # a new sequence's first step is a later one
+        if later.size:
+            self.s_k0[later] = k + 1
+            rids = self.s_req[later]
+            t.decode_first_step[rids[t.decode_first_step[rids] == k]] = k + 1
         self.new_this_step = 0
         self.step_end.append(now)
         self.step_dt.append(dt)
