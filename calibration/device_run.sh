@@ -15,7 +15,12 @@
 # the faster of torch's and the Triton grouped GEMM), moeslicestorch (the same on torch's alone:
 # the old kernel's baseline on the same GPU), v41 / v3 / v4flash /
 # v4pro (calibrate --kernels deepseek --quick for that model), v41kernels (V4.1-Flash's kernel
-# fits alone: no engine steps, no vision), slices (kernel fits of one GPU's slice under tensor
+# fits alone: no engine steps, no vision), prefillcheck (MLA prefill attention's split form on
+# cuDNN against the float32 softmax, and tp_kernel_bench's attention and combine cases),
+# prefillv3 (V3 and its TP slices' prefill attention alone: moe_split --parts prefill,
+# $PREFILL_MODELS, into $PREFILL_OUT.json), moev3 (V3's routed experts whole and alone),
+# moewhole (the whole routed call alone of $MOE_WHOLE_MODELS, default the expert-TP slices,
+# into $MOE_WHOLE_OUT.json), slices (kernel fits of one GPU's slice under tensor
 # parallelism, one calibrate per name in $SLICES, default V3 and V4.1-Flash at TP 2, 4, 8;
 # $OUT/slices.tar.gz holds a profile per slice), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
@@ -88,6 +93,17 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
     moesplit) run 540 moesplit $P.calibration.moe_split measure --out "$OUT/moe_split.json" ;;
     moeslices) run 540 moeslices $P.calibration.moe_split measure --out "$OUT/moe_slices.json" \
         --models "$SLICE_MODELS" ;;
+    prefillcheck) run 120 prefillcheck python3 -c "import json; from deepinfer_sim.kernels \
+import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
+print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))"
+      run 150 tpbench $P.kernels.tp_kernel_bench --skip moe --out "$OUT/tp_bench.json" ;;
+    prefillv3) run 400 prefillv3 $P.calibration.moe_split measure --parts prefill \
+        --out "$OUT/${PREFILL_OUT:-prefill_v3}.json" \
+        --models "${PREFILL_MODELS:-deepseek-v3,deepseek-v3@tp8,deepseek-v3@tp4,deepseek-v3@tp2}" ;;
+    moewhole) run 400 moewhole $P.calibration.moe_split measure --parts moe_whole \
+        --out "$OUT/${MOE_WHOLE_OUT:-moe_whole}.json" --models "${MOE_WHOLE_MODELS:-$SLICE_MODELS}" ;;
+    moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \
+        --models deepseek-v3 ;;
     moeslicestorch) run 540 moeslicestorch env DEEPINFER_ROUTED_GEMM=torch \
         $P.calibration.moe_split measure --out "$OUT/moe_slices_torch.json" --models "$SLICE_MODELS" ;;
     v41) run 330 v41 $CAL --model deepseek-v4.1-flash --engine-depth "${ENGINE_DEPTH:-1}" \

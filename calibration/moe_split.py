@@ -10,10 +10,12 @@ shapes, needing only the experts' kernels (no FlashMLA), and merges them into a 
 
     python -m deepinfer_sim.calibration.moe_split measure --out FILE.json [--device cuda]
         [--models deepseek-v4.1-flash,deepseek-v3,...] [--kernels deepseek] [--grid quick]
+        [--parts moe,prefill]
     python -m deepinfer_sim.calibration.moe_split merge FILE.json PROFILE.yaml OUT.yaml
         [--keep-whole]
     python -m deepinfer_sim.calibration.moe_split rescale TARGET.json BASE.json NEW.json
-        --out OUT.json
+        --out OUT.json [--drop-missing]
+    python -m deepinfer_sim.calibration.moe_split export PROFILE --models A,B --out FILE.json
 
 ``measure`` also lists the kernels of one decode-sized call of each (``torch.profiler``, on the
 GPU), so the share the exchange takes over shows by name. ``merge`` re-fits each measured
@@ -23,6 +25,14 @@ errors and raw points on the profile's one hardware, and notes the file in the p
 adds only ``moe_experts``. ``rescale`` carries a kernel change measured on another GPU to the
 profiled one: each TARGET time (the profiled GPU, old kernels) times NEW / BASE, both timed on one
 GPU in one call (new kernels, and the old ones again as the baseline), shape by shape.
+
+``measure --parts prefill`` (or ``moe,prefill``) times each model's prefill attention block on
+the grid's prefill shapes instead of (or beside) its experts — a kernel change in prefill needs
+no decode, engine or MoE re-timing — and ``merge`` re-fits those prefill fits (forms smooth and
+prefix, as the shipped profile's) and replaces their raw points; ``--parts moe_whole`` times
+only the whole routed call (a change to its routing or combine leaves the experts' own work
+alone). ``rescale`` carries whichever parts all three files timed; ``export`` writes a profile's
+own raw points of some models as a ``measure`` file, the TARGET of a rescale.
 
 A measured model the profile does not hold — an expert-parallel slice,
 ``NAME@tp1-moetpM``, each routed expert narrowed M ways (expert tensor parallelism) — becomes an
@@ -48,9 +58,11 @@ from ..models.profile import (
     write_profile,
 )
 from ..models.registry import load_model
+from .fit import PrefillForm
 from .sweep import (
     Grid,
     Measurements,
+    fit_attention,
     fit_experts_alone,
     fit_routed,
     measurements_of,
@@ -61,6 +73,8 @@ from .sweep import (
 MODELS = ("deepseek-v4.1-flash", "deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro")
 PROFILED = (8, 256)  # (local experts, tokens) of the profiled call: a decode rank's load
 RAW_KEYS = ("moe", "moe_offgrid", "moe_experts", "moe_experts_offgrid")
+PREFILL_KEYS = ("prefill", "prefill_offgrid")
+PREFILL_FORMS_SHIPPED: tuple[PrefillForm, ...] = ("smooth", "prefix")
 
 
 def _kernels(fn: Any, cuda: bool, top: int = 14) -> list[dict[str, Any]]:
@@ -80,33 +94,56 @@ def _kernels(fn: Any, cuda: bool, top: int = 14) -> list[dict[str, Any]]:
 
 
 def measure_model(
-    model: str, device: str, kernels: str, grid: Grid, hardware: str | None = None, log: Any = print
+    model: str,
+    device: str,
+    kernels: str,
+    grid: Grid,
+    hardware: str | None = None,
+    log: Any = print,
+    parts: tuple[str, ...] = ("moe",),
 ) -> dict[str, Any]:
-    """Both timings of one model on ``grid``'s MoE shapes, and the profiled decode-sized call."""
+    """``parts`` of one model: ``moe``, both timings on ``grid``'s MoE shapes and the profiled
+    decode-sized call; ``prefill``, its prefill attention block on the grid's prefill shapes."""
     from .torch_bench import TorchBench
 
+    prefill = "prefill" in parts
     bench = TorchBench(
-        device, model, hardware, backend=kernels, repeats=grid.repeats, attention=False
+        device, model, hardware, backend=kernels, repeats=grid.repeats, attention=prefill
     )
     bench.warmup()
     m = Measurements()
-    m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
-    m.moe_off = time_each(grid.off_moe, log, "moe off-grid", bench.moe)
-    m.moe_experts = time_each(grid.moe_shapes(), log, "moe experts", bench.moe_experts)
-    m.moe_experts_off = time_each(grid.off_moe, log, "moe experts off-grid", bench.moe_experts)
-    e, t = min(PROFILED[0], max(grid.moe_e)), PROFILED[1]
-    moe = bench.moe_block(e)
-    x = bench.torch.randn((t, bench.shape.hidden), device=bench.device).to(moe.dtype)
-    ids, w = moe.uniform_routing(t, seed=t)
-    rows, offs = moe.prepare_experts(x, ids)
-    return {
-        "raw": {k: v for k, v in raw_of(m).items() if k in RAW_KEYS},
-        "profiled": {
+    for kind in bench.kinds if prefill else ():
+
+        def pre(n: int, p: int, k: str = kind) -> float:
+            return bench.prefill(k, n, p)
+
+        m.prefill[kind] = time_each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
+        m.prefill_off[kind] = time_each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
+    keys: tuple[str, ...] = PREFILL_KEYS if prefill else ()
+    out: dict[str, Any] = {}
+    if "moe" in parts or "moe_whole" in parts:
+        bench.release_kernels()
+        m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
+        m.moe_off = time_each(grid.off_moe, log, "moe off-grid", bench.moe)
+        keys += RAW_KEYS[:2]
+    if "moe" in parts:
+        m.moe_experts = time_each(grid.moe_shapes(), log, "moe experts", bench.moe_experts)
+        m.moe_experts_off = time_each(grid.off_moe, log, "moe experts off-grid", bench.moe_experts)
+        keys += RAW_KEYS[2:]
+        e, t = min(PROFILED[0], max(grid.moe_e)), PROFILED[1]
+        moe = bench.moe_block(e)
+        x = bench.torch.randn((t, bench.shape.hidden), device=bench.device).to(moe.dtype)
+        ids, w = moe.uniform_routing(t, seed=t)
+        rows, offs = moe.prepare_experts(x, ids)
+        out["profiled"] = {
             "experts": e,
             "tokens": t,
             "moe": _kernels(lambda: moe.forward_routed(x, ids, w), bench.cuda),
             "moe_experts": _kernels(lambda: moe.forward_experts(rows, offs), bench.cuda),
-        },
+        }
+    return {
+        "raw": {k: v for k, v in raw_of(m).items() if k in keys},
+        **out,
         "model": bench.spec.name,
         "widths": Widths.of(bench.spec).model_dump(),
         "device": bench.device_name,
@@ -119,12 +156,13 @@ def measure_model(
 def merge(
     measured: dict[str, Any], profile: Profile, source: str, keep_whole: bool = False
 ) -> Profile:
-    """``profile`` with each measured model's ``moe`` re-fitted and ``moe_experts`` fitted from
-    ``measured`` (``measure``'s output); other models and fits are kept. ``keep_whole``: keep the
+    """``profile`` with what ``measured`` (``measure``'s output) timed of each model: its
+    ``moe`` re-fitted and ``moe_experts`` fitted, its prefill fits re-fitted (forms smooth and
+    prefix, as the shipped profile's); other models and fits are kept. ``keep_whole``: keep the
     profile's ``moe`` fits and raw points (those its engine replays were checked against) and
     add only the experts alone."""
     models = dict(profile.models)
-    done = []
+    done: dict[str, list[str]] = {"moe": [], "moe_experts": [], "prefill": []}
     for name, res in measured.get("models", {}).items():
         new = name not in models
         if new:
@@ -139,54 +177,101 @@ def merge(
             raise UserError(f"{source}: {name}: not moe_split measurements ({exc})") from None
         errors = dict(fits.fit)
         ((hw, coefs),) = fits.hardware.items()
-        moe = coefs.moe
+        update: dict[str, Any] = {}
+        taken: tuple[str, ...] = ()
+        if res["raw"].get("prefill"):
+            update["prefill"], _, attention_errors = fit_attention(m, PREFILL_FORMS_SHIPPED)
+            errors.update(attention_errors)
+            taken += PREFILL_KEYS
+            done["prefill"].append(name)
         whole = keep_whole and not new  # a new entry's whole call is its own measurement
-        if not whole:
-            moe, errors["moe"] = fit_routed(m, top_k)
-        alone = fit_experts_alone(m, top_k, errors)
-        taken = RAW_KEYS[2:] if whole else RAW_KEYS
+        if res["raw"].get("moe") and not whole:
+            update["moe"], errors["moe"] = fit_routed(m, top_k)
+            taken += RAW_KEYS[:2]
+            done["moe"].append(name)
+        if res["raw"].get("moe_experts"):
+            update["moe_experts"] = fit_experts_alone(m, top_k, errors)
+            taken += RAW_KEYS[2:]
+            done["moe_experts"].append(name)
         raw = {k: v for k, v in fits.raw.items() if k not in taken}
         raw.update({k: res["raw"][k] for k in taken if res["raw"].get(k)})
         models[name] = fits.model_copy(
             update={
-                "hardware": {hw: coefs.model_copy(update={"moe": moe, "moe_experts": alone})},
+                "hardware": {hw: coefs.model_copy(update=update)},
                 "fit": errors,
                 "raw": raw,
             }
         )
-        done.append(name)
-    if not done:
+    if not any(done.values()):
         raise UserError(f"{source}: no measured model")
-    what = "moe_experts" if keep_whole else "moe and moe_experts"
-    note = f"; {what} of {', '.join(done)} from {Path(source).name} (moe_split.py)"
+    notes = [f"{part} of {', '.join(names)}" for part, names in done.items() if names]
+    note = f"; {' and '.join(notes)} from {Path(source).name} (moe_split.py"
+    note += ", prefill forms smooth, prefix)" if done["prefill"] else ")"
     prov = profile.provenance
     return profile.model_copy(
         update={"models": models, "provenance": prov.model_copy(update={"note": prov.note + note})}
     )
 
 
-def rescale(target: dict[str, Any], base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+def rescale(
+    target: dict[str, Any],
+    base: dict[str, Any],
+    new: dict[str, Any],
+    drop_missing: bool = False,
+    log: Any = print,
+) -> dict[str, Any]:
     """``target``'s measurements with every time multiplied by ``new`` / ``base`` at the same
-    (experts, tokens); all three ``measure`` outputs of the same models on the same grid."""
+    shape ((experts, tokens), or (kind, tokens, prefix) for prefill), which both others must
+    have timed (they may have timed more); all three ``measure`` outputs of the same models.
+    Only the parts the target and both others timed are kept; ``drop_missing``: a target shape
+    the others did not time is left out (and said), not refused."""
     out = json.loads(json.dumps(target))
     for name, res in out["models"].items():
         try:
             b_raw, n_raw = base["models"][name]["raw"], new["models"][name]["raw"]
         except KeyError:
             raise UserError(f"{name}: measured in the target but not in both others") from None
-        for key in RAW_KEYS:
-            rows, b_rows, n_rows = res["raw"].get(key, []), b_raw.get(key, []), n_raw.get(key, [])
-            shapes = [r[:2] for r in rows]
-            if shapes != [r[:2] for r in b_rows] or shapes != [r[:2] for r in n_rows]:
-                raise UserError(f"{name}: {key}: the three files time different shapes")
+        keys = [k for k in (*RAW_KEYS, *PREFILL_KEYS) if res["raw"].get(k)]
+        missing = [k for k in keys if not (b_raw.get(k) and n_raw.get(k))]
+        if missing:
+            raise UserError(f"{name}: {', '.join(missing)} timed in the target only")
+        res["raw"] = {k: res["raw"][k] for k in keys}
+        for key in keys:
+            b_at, n_at = ({tuple(r[:-1]): r[-1] for r in f[key]} for f in (b_raw, n_raw))
+            both = b_at.keys() & n_at.keys()
+            lost = [r[:-1] for r in res["raw"][key] if tuple(r[:-1]) not in both]
+            if lost and not drop_missing:
+                raise UserError(f"{name}: {key}: {lost[0]} is not timed in both other files")
+            if lost:
+                log(f"{name}: {key}: {len(lost)} shapes not timed in both others left out: {lost}")
             res["raw"][key] = [
-                [*r[:2], r[2] * n[2] / b[2]] for r, b, n in zip(rows, b_rows, n_rows, strict=True)
+                [*r[:-1], r[-1] * n_at[tuple(r[:-1])] / b_at[tuple(r[:-1])]]
+                for r in res["raw"][key]
+                if tuple(r[:-1]) in both
             ]
         res["rescaled"] = {
             "by": "new / base, shape by shape",
             "device": new["models"][name].get("device"),
             "kernel_versions": new["models"][name].get("kernel_versions"),
         }
+    return out
+
+
+PART_KEYS = {"moe": RAW_KEYS, "moe_whole": RAW_KEYS[:2], "prefill": PREFILL_KEYS}
+
+
+def export(
+    profile: Profile, models: list[str], parts: tuple[str, ...] = ("moe", "prefill")
+) -> dict[str, Any]:
+    """``models``' raw points of ``parts`` in ``profile``, as ``measure`` writes them (the
+    target of :func:`rescale`)."""
+    out: dict[str, Any] = {"profile": profile.name, "models": {}}
+    for name in models:
+        if name not in profile.models:
+            raise UserError(f"model {name!r} is not in profile {profile.name!r}")
+        raw = profile.models[name].raw
+        keys = [k for part in parts for k in PART_KEYS[part]]
+        out["models"][name] = {"raw": {k: raw[k] for k in keys if raw.get(k)}}
     return out
 
 
@@ -209,6 +294,13 @@ def _experts_entry(
     return ModelFits(dtypes=whole.dtypes, widths=Widths.model_validate(widths), hardware={hw: bare})
 
 
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(p for p in text.split(",") if p)
+    if not parts or set(parts) - set(PART_KEYS):
+        raise UserError(f"--parts {text!r}: choose from {', '.join(PART_KEYS)}")
+    return parts
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         return dict(json.loads(path.read_text()))
@@ -226,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     me.add_argument("--kernels", default="deepseek", choices=["deepseek", "reference"])
     me.add_argument("--grid", default="quick", choices=["full", "quick", "tiny"])
     me.add_argument("--hardware", help="the device's hardware name (default: detected)")
+    me.add_argument(
+        "--parts",
+        default="moe",
+        help="what to time, comma-separated: moe (the routed experts whole and alone), "
+        "moe_whole (the whole call only), prefill (the prefill attention block)",
+    )
     mg = sub.add_parser("merge")
     mg.add_argument("measured", type=Path)
     mg.add_argument("profile")
@@ -240,22 +338,42 @@ def main(argv: list[str] | None = None) -> int:
     rs.add_argument("base", type=Path)
     rs.add_argument("new", type=Path)
     rs.add_argument("--out", type=Path, required=True)
+    rs.add_argument(
+        "--drop-missing",
+        action="store_true",
+        help="leave out target shapes the others did not time (listed) instead of refusing",
+    )
+    ex = sub.add_parser("export")
+    ex.add_argument("profile")
+    ex.add_argument("--models", required=True)
+    ex.add_argument("--parts", default="moe,prefill")
+    ex.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     try:
+        if a.cmd == "export":
+            names = [s for s in a.models.split(",") if s]
+            parts = _parts(a.parts)
+            data = export(load_profile(a.profile), names, parts)
+            a.out.write_text(json.dumps(data, indent=1) + "\n")
+            return 0
         if a.cmd == "rescale":
             target, base, new = (_read(p) for p in (a.target, a.base, a.new))
-            a.out.write_text(json.dumps(rescale(target, base, new), indent=1) + "\n")
+            done = rescale(target, base, new, a.drop_missing)
+            a.out.write_text(json.dumps(done, indent=1) + "\n")
             return 0
         if a.cmd == "measure":
             grid = Grid.named(a.grid)
+            parts = _parts(a.parts)
             out: dict[str, Any] = {"grid": grid.name, "models": {}}
             for name in (s for s in a.models.split(",") if s):
                 print(f"== {name}", flush=True)
-                res = measure_model(name, a.device, a.kernels, grid, a.hardware)
+                res = measure_model(name, a.device, a.kernels, grid, a.hardware, parts=parts)
                 out["models"][res.pop("model")] = res
                 a.out.parent.mkdir(parents=True, exist_ok=True)
                 a.out.write_text(json.dumps(out, indent=1) + "\n")  # what is done so far
             for name, res in out["models"].items():
+                if "profiled" not in res:
+                    continue
                 p = res["profiled"]
                 for which in ("moe", "moe_experts"):
                     total = sum(k["us"] for k in p[which])
@@ -266,9 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         write_profile(merged, a.out)
         for name in measured.get("models", {}):
             fit = merged.models[name].fit
-            print(f"{name}: moe off-grid {fit['moe'].offgrid_mape:.1%}", end="")
+            print(f"{name}:", end="")
+            if "moe" in fit:
+                print(f" moe off-grid {fit['moe'].offgrid_mape:.1%}", end="")
             if "moe_experts" in fit:
                 print(f", experts alone off-grid {fit['moe_experts'].offgrid_mape:.1%}", end="")
+            for key in (k for k in fit if k.startswith("prefill.")):
+                print(f", {key} off-grid {fit[key].offgrid_mape:.1%}", end="")
             print()
         return 0
     except UserError as exc:

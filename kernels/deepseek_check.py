@@ -388,23 +388,29 @@ def check_block(c: Checker, kind: Any) -> dict[str, Any]:
 
 
 def check_causal_attention(c: Checker) -> dict[str, Any]:
-    """MLA prefill's MHA attention after a prefix (FlashAttention on a GPU) against the
-    explicit end-aligned causal softmax in float32."""
-    from .deepseek.mla import _causal_attention
+    """MLA prefill's MHA attention after a prefix (keys 192 wide, values 128) against the
+    explicit end-aligned causal softmax in float32: the path the calibration takes (on a GPU
+    the split form on cuDNN where it passed its own check) and, on a GPU, FlashAttention-2."""
+    from .deepseek import mla
 
     dev, dt = c.device, _util.default_dtype(c.device)
     g = torch.Generator(device=dev).manual_seed(4)
-    n, p, H, d = (37, 63, 4, 192) if c.toy else (300, 700, 16, 192)
-    q, k, v = (torch.randn((m, H, d), generator=g, device=dev).to(dt) for m in (n, n + p, n + p))
+    n, p, H, d, dv = (37, 63, 4, 192, 128) if c.toy else (300, 700, 16, 192, 128)
+    q, k = (torch.randn((m, H, d), generator=g, device=dev).to(dt) for m in (n, n + p))
+    v = torch.randn((n + p, H, dv), generator=g, device=dev).to(dt)
     scale = d**-0.5
-    got = _causal_attention(q, k, v, scale).float()
     s = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
     visible = torch.arange(n + p, device=dev)[None, :] <= p + torch.arange(n, device=dev)[:, None]
     want = torch.einsum(
         "hqk,khd->qhd", s.masked_fill(~visible, float("-inf")).softmax(-1), v.float()
     )
-    err = rel_err(got, want)
-    return {"rel_err": err, "ok": err <= KERNEL_TOL}
+    err = rel_err(mla.prefill_attention(q, k, v, scale).float(), want)
+    res: dict[str, Any] = {"rel_err": err, "ok": err <= KERNEL_TOL}
+    if dev.type == "cuda" and dt in (torch.float16, torch.bfloat16):
+        res["cudnn_split"] = mla.cudnn_split_ok(dev, dt, d, dv)
+        res["flash_rel_err"] = rel_err(mla._flash_causal(q, k, v, scale).float(), want)
+        res["ok"] = res["ok"] and res["flash_rel_err"] <= KERNEL_TOL
+    return res
 
 
 def check_graph_decode(c: Checker, kind: Any) -> dict[str, Any]:

@@ -7,9 +7,13 @@ Two questions the published TP deployments raise (docs/validation.md, "The corpu
   tiled per shape (``kernels/triton_grouped_gemm.py``). Both on the gate-up (N = 2F/tp, K = D) and
   down (N = D, K = F/tp) GEMMs of V3 and V4.1-Flash, at 1/2/4/8-way expert TP, over experts and
   rows per expert from decode to prefill sizes.
-* **Prefill attention.** V3's MHA-form prefill runs FlashAttention through PyTorch (FA2-class on
+* **Prefill attention.** V3's MHA-form prefill ran FlashAttention through PyTorch (FA2-class on
   Hopper); engines run FA3 there. PyTorch's cuDNN attention is the FA3-class kernel this image
-  has: both on the heads of one TP slice (128 / tp), chunks after a prefix.
+  has: both on the heads of one TP slice (128 / tp), chunks after a prefix — cuDNN with an
+  end-aligned mask, and the split form the profile now times (``mla.prefill_attention``: the
+  chunk over itself, causal, and over the prefix, unmasked, merged by log-sum-exps).
+* **The experts' combine.** Each token's k expert rows weighted and summed: the reference's
+  float32 copies with ``index_add_`` against the Triton combine (``kernels/triton_combine.py``).
 
     python -m deepinfer_sim.kernels.tp_kernel_bench --out FILE.json [--quick]
     python -m deepinfer_sim.kernels.tp_kernel_bench --dry-run       # the cases, no GPU
@@ -24,6 +28,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from ..models.registry import load_model
@@ -34,6 +39,7 @@ EXPERTS = (8, 32)
 ROWS = (4, 16, 64, 256, 1024)
 HEADS = (16, 32, 128)  # V3's 128 heads over TP 8, 4, 1
 CHUNKS = ((4096, 0), (8192, 0), (8192, 8192), (8192, 24576))  # (new tokens, prefix)
+COMBINE_TOKENS = (256, 2048, 8192, 16384)
 
 
 def moe_cases(models: tuple[str, ...] = MODELS, quick: bool = False) -> list[dict[str, Any]]:
@@ -61,6 +67,52 @@ def attention_cases(quick: bool = False) -> list[dict[str, Any]]:
         for hd in ((16, 128) if quick else HEADS)
         for n, p in (CHUNKS[1:3] if quick else CHUNKS)
     ]
+
+
+def combine_cases(quick: bool = False) -> list[dict[str, Any]]:
+    """V3's combine (8 rows of 7,168 per token) at decode to prefill token counts."""
+    return [
+        {"tokens": t, "top_k": 8, "hidden": 7168}
+        for t in (COMBINE_TOKENS[1:3] if quick else COMBINE_TOKENS)
+    ]
+
+
+def time_combine(case: dict[str, Any]) -> dict[str, Any]:
+    """The reference combine and the Triton combine on one shape (GPU only)."""
+    import torch
+    from triton.testing import do_bench
+
+    from .moe import MoEBlock
+    from .triton_combine import combine_reference, combine_rows, sorted_positions
+
+    t, k, d = case["tokens"], case["top_k"], case["hidden"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.stack([torch.randperm(256, device="cuda", generator=gen)[:k] for _ in range(8)])
+    ids = ids.repeat(-(-t // 8), 1)[:t]
+    w = torch.rand((t, k), device="cuda", generator=gen)
+    y = torch.randn((t * k, d), device="cuda", dtype=torch.bfloat16, generator=gen)
+    order = torch.argsort(ids.reshape(-1), stable=True)
+    tok = torch.div(order, k, rounding_mode="floor")
+    pos = sorted_positions(order, k)
+    ref = combine_reference(y, pos, w).float()
+
+    holder = SimpleNamespace(dtype=torch.bfloat16)  # what MoEBlock.combine reads of its block
+
+    def reference() -> Any:
+        return MoEBlock.combine(holder, y, order, tok, w, t)  # type: ignore[arg-type]
+
+    row: dict[str, Any] = dict(case)
+    for name, fn in (
+        ("index_add", reference),
+        ("triton", lambda: combine_rows(y, sorted_positions(order, k), w)),
+    ):
+        try:
+            got = fn().float()
+            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
+            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=5, rep=30))
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
 
 
 def time_moe(case: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +188,14 @@ def time_attention(case: dict[str, Any]) -> dict[str, Any]:
     # causal pairs attended: every new token sees the prefix and the new tokens up to itself
     pairs = n * p + n * (n + 1) / 2
     row["tflop"] = 2 * h * pairs * (dqk + dv) / 1e12
-    for name, fn in (("flash", flash), ("cudnn", cudnn)):
+    from .deepseek import mla
+
+    q3, k3, v3 = (t[0].transpose(0, 1) for t in (q, k, v))
+
+    def split() -> Any:
+        return mla._split_attention(q3, k3, v3, scale, mla._cudnn).transpose(0, 1).unsqueeze(0)
+
+    for name, fn in (("flash", flash), ("cudnn", cudnn), ("split", split)):
         try:
             got = fn()[..., :dv].float()
             row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
@@ -151,19 +210,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true", help="a few cases of each kind")
     ap.add_argument("--dry-run", action="store_true", help="list the cases; no GPU needed")
-    ap.add_argument("--skip", choices=("moe", "attention"), action="append", default=[])
+    ap.add_argument("--skip", choices=("moe", "attention", "combine"), action="append", default=[])
     args = ap.parse_args(argv)
     moe = [] if "moe" in args.skip else moe_cases(quick=args.quick)
     att = [] if "attention" in args.skip else attention_cases(quick=args.quick)
+    comb = [] if "combine" in args.skip else combine_cases(quick=args.quick)
     if args.dry_run:
-        print(json.dumps({"moe": moe, "attention": att}, indent=1))
+        print(json.dumps({"moe": moe, "attention": att, "combine": comb}, indent=1))
         return 0
     if args.out is None:
         ap.error("--out is required unless --dry-run")
     import torch
 
-    rows: dict[str, list[dict[str, Any]]] = {"moe": [], "attention": []}
-    for kind, cases, fn in (("moe", moe, time_moe), ("attention", att, time_attention)):
+    rows: dict[str, list[dict[str, Any]]] = {"moe": [], "attention": [], "combine": []}
+    for kind, cases, fn in (
+        ("moe", moe, time_moe),
+        ("attention", att, time_attention),
+        ("combine", comb, time_combine),
+    ):
         for case in cases:
             rows[kind].append(fn(case))
             print(json.dumps(rows[kind][-1]), flush=True)

@@ -14,15 +14,22 @@ out (they change no shapes), as in the V4 blocks.
   ``W_UV`` maps the result back per head before ``wo``.
 * **Prefill, MHA form** (what engines run for prefill): the latent of the prefix and the chunk
   is up-projected by ``wkv_b`` to per-head keys (nope + shared rope = 192) and values (128), and
-  the chunk's queries attend causally (aligned to the end) with PyTorch's SDPA; values are
-  zero-padded to 192 so the flash backend takes them (its cost: the PV product at 192 instead of
-  128 wide). The up-projection of the prefix is the term of a chunk's cost that grows with p.
+  the chunk's queries attend causally (aligned to the end). On a GPU this runs as engines run
+  chunked MLA prefill (vLLM's and SGLang's MLA backends): the chunk over its own keys, causal,
+  and the chunk over the prefix's keys, unmasked, each a fused attention kernel returning its
+  log-sum-exp, merged by those (``prefill_attention``). The kernel is cuDNN's (FlashAttention-3
+  class on Hopper; engines ship FA3, which this image cannot build), checked once per process
+  against FlashAttention-2; where cuDNN is missing or disagrees, FlashAttention-2 with an
+  end-aligned causal mask and values zero-padded to 192 (2.2-2.4× slower without a prefix,
+  device call 33). The up-projection of the prefix is the term of a chunk's cost that grows
+  with p.
 
 All projections are FP8 (``fp8.py``); the absorbed bmm's run in bf16, as in DeepSeek's engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,6 +151,8 @@ class MLABlock(LayerBlock):
             self.w_gate_up = w(2 * s.shared_width, s.hidden)
             self.w_dn = w(s.hidden, s.shared_width)
             self.w_gu, self.w_down = FP8Linear([self.w_gate_up], fp8), FP8Linear([self.w_dn], fp8)
+        if dev.type == "cuda" and dt in (torch.float16, torch.bfloat16):
+            cudnn_split_ok(dev, dt, nope + rope, vh)  # decided before any graph is captured
 
     def new_pool(self, max_seqs: int, max_tokens: int, seed: int = 0) -> MLAPool:
         return MLAPool(
@@ -219,10 +228,9 @@ class MLABlock(LayerBlock):
         k = torch.cat(
             [kvb[..., :nope], allrows[:, lat:].view(p + n, 1, rope).expand(-1, H, -1)], -1
         )
-        v = torch.nn.functional.pad(kvb[..., nope:], (0, nope + rope - vh))
-        out = _causal_attention(q, k, v, self.scale)
+        out = prefill_attention(q, k, kvb[..., nope:], self.scale)
         pool.lengths[seq] = p + n
-        return out[..., :vh]
+        return out
 
     def _decode_attention(
         self, pool: MLAPool, plan: MLADecodePlan, q: torch.Tensor, latent: torch.Tensor
@@ -252,24 +260,110 @@ class MLABlock(LayerBlock):
         return o.transpose(0, 1)
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-    """``q [n, H, d]`` (the last n positions) over ``k, v [p+n, H, d]``, causal, end-aligned.
-
-    On a GPU in half precision: FlashAttention, whose causal mask is end-aligned when there are
-    more keys than queries (the prefix stays visible) — what serving engines run for chunked
-    prefill. SDPA given a lower-right mask may fall back to a slower kernel for the same work
-    (2× per attended pair measured on the H200 with a prefix). Elsewhere: SDPA with that mask."""
-    n, kv = q.shape[0], k.shape[0]
-    qh, kh, vh = (t.transpose(0, 1).unsqueeze(0).to(q.dtype) for t in (q, k, v))
+def prefill_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """``q [n, H, d]`` (the last n positions) over ``k [p+n, H, d]``, ``v [p+n, H, d_v]``,
+    causal, end-aligned (the prefix stays visible): ``[n, H, d_v]``. On a GPU in half precision
+    the split form with cuDNN's kernel where it passed its check (``cudnn_split_ok``), else
+    FlashAttention-2; elsewhere SDPA with an end-aligned mask."""
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
-            qh, kh, vh, 0.0, True, False, scale=scale
-        )[0]
-    else:
-        from torch.nn.attention.bias import causal_lower_right
+        if cudnn_split_ok(q.device, q.dtype, q.shape[-1], v.shape[-1]):
+            return _split_attention(q, k, v, scale, _cudnn)
+        return _flash_causal(q, k, v, scale)
+    return _sdpa_causal(q, k, v, scale)
 
-        mask = causal_lower_right(n, kv) if kv != n else None
-        out = torch.nn.functional.scaled_dot_product_attention(
-            qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=scale
-        )
+
+def _heads_first(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(0, 1).unsqueeze(0)  # [m, H, d] -> [1, H, m, d]
+
+
+def _cudnn(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuDNN's fused attention of ``[1, H, m, d]`` inputs: (output, natural-log LSE [1, H, m])."""
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, causal, False, scale=scale
+    )[:2]
+    return out, lse.reshape(out.shape[:3]).float()
+
+
+# (q, k, v [1, H, m, d], scale, causal) -> (output, natural-log LSE [1, H, m])
+AttentionKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, float, bool], tuple[torch.Tensor, torch.Tensor]
+]
+
+
+def _split_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, kernel: AttentionKernel
+) -> torch.Tensor:
+    """The chunk over its own keys (causal) and over the prefix (unmasked), merged by their
+    log-sum-exps in float32: what engines' chunked MLA prefill computes."""
+    n, kv = q.shape[0], k.shape[0]
+    p = kv - n
+    qh = _heads_first(q)
+    o_new, l_new = kernel(qh, _heads_first(k[p:]), _heads_first(v[p:]), scale, True)
+    if p == 0:
+        return o_new[0].transpose(0, 1)
+    o_pre, l_pre = kernel(qh, _heads_first(k[:p]), _heads_first(v[:p]), scale, False)
+    m = torch.maximum(l_new, l_pre)
+    w_new, w_pre = torch.exp(l_new - m), torch.exp(l_pre - m)
+    out = (o_new.float() * w_new.unsqueeze(-1) + o_pre.float() * w_pre.unsqueeze(-1)) / (
+        w_new + w_pre
+    ).unsqueeze(-1)
+    return out[0].transpose(0, 1).to(q.dtype)
+
+
+_CUDNN_SPLIT: dict[tuple[str, torch.dtype, int, int], bool] = {}
+CUDNN_TOL = 2e-2  # relative error of the split form against FlashAttention-2, bf16 inputs
+
+
+def cudnn_split_ok(device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int) -> bool:
+    """Does the split form on cuDNN run here and agree with FlashAttention-2 (relative error
+    ≤ CUDNN_TOL on a chunk of 200 after a prefix of 300, 8 heads)? Decided once per device,
+    dtype and head widths, outside any graph capture (inside one, an undecided case takes
+    FlashAttention-2); ``DEEPINFER_PREFILL_ATTENTION=flash`` forces FlashAttention-2."""
+    import os
+
+    if os.environ.get("DEEPINFER_PREFILL_ATTENTION") == "flash":
+        return False
+    key = (str(device), dtype, d_qk, d_v)
+    if key not in _CUDNN_SPLIT:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        g = torch.Generator(device=device).manual_seed(11)
+        n, p, h = 200, 300, 8
+        q, k = (torch.randn((m, h, d_qk), generator=g, device=device).to(dtype) for m in (n, n + p))
+        v = torch.randn((n + p, h, d_v), generator=g, device=device).to(dtype)
+        try:
+            got = _split_attention(q, k, v, d_qk**-0.5, _cudnn).float()
+            want = _flash_causal(q, k, v, d_qk**-0.5).float()
+            _CUDNN_SPLIT[key] = bool((got - want).norm() <= CUDNN_TOL * want.norm())
+        except (RuntimeError, NotImplementedError):  # no cuDNN attention for this GPU / shape
+            _CUDNN_SPLIT[key] = False
+    return _CUDNN_SPLIT[key]
+
+
+def _flash_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """FlashAttention-2, whose causal mask is end-aligned when there are more keys than queries
+    (SDPA given a lower-right mask may fall back to a slower kernel for the same work: 2× per
+    attended pair measured on the H200 with a prefix); values zero-padded to the key width."""
+    d, dv = q.shape[-1], v.shape[-1]
+    vp = torch.nn.functional.pad(v, (0, d - dv)) if dv < d else v
+    out = torch.ops.aten._scaled_dot_product_flash_attention(
+        _heads_first(q), _heads_first(k), _heads_first(vp), 0.0, True, False, scale=scale
+    )[0]
+    return out[0].transpose(0, 1)[..., :dv]
+
+
+def _sdpa_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """SDPA with an end-aligned causal mask (CPU, or float32)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    n, kv = q.shape[0], k.shape[0]
+    qh, kh, vh = (_heads_first(t).to(q.dtype) for t in (q, k, v))
+    mask = causal_lower_right(n, kv) if kv != n else None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qh, kh, vh, attn_mask=mask, is_causal=mask is None, scale=scale
+    )
     return out[0].transpose(0, 1)

@@ -13,6 +13,10 @@ row bucket when the (GEMM, experts, bucket) was first seen (``ROUTED_TIMINGS``),
 picks its tuned MoE kernel per shape: torch's costs nearly as much for experts 256 columns wide as
 for 1,024 (device call 33, ``validation/h200-deepseek/call33/tp_kernels.json``), the Triton one
 about a quarter, so expert tensor parallelism is timed with the kernel class TP-MoE engines run.
+
+On a GPU the combine reads each token's k rows once in a Triton kernel
+(``kernels/triton_combine.py``), as engines' combine kernels do, instead of the reference's
+float32 copies and atomic adds; ``DEEPINFER_COMBINE=torch`` keeps the reference's.
 """
 
 from __future__ import annotations
@@ -30,9 +34,38 @@ from .fp8 import quantize_rows
 
 # (N, K, experts, rows bucket) -> (torch seconds, Triton seconds), summed at the bucket's ends
 ROUTED_TIMINGS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+# device -> does the Triton combine run there and agree with its reference
+_COMBINE_OK: dict[str, bool] = {}
+
+
+def triton_combine_ok(device: torch.device) -> bool:
+    """Decided once per device, outside any graph capture (inside one, an undecided device
+    takes the reference combine): the kernel on 300 tokens × 8 rows against its reference."""
+    if os.environ.get("DEEPINFER_COMBINE") == "torch" or device.type != "cuda":
+        return False
+    key = str(device)
+    if key not in _COMBINE_OK:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        from ..triton_combine import combine_reference, combine_rows
+
+        g = torch.Generator(device=device).manual_seed(5)
+        y = torch.randn((2400, 1536), generator=g, device=device).to(torch.bfloat16)
+        pos = torch.randperm(2400, generator=g, device=device).view(300, 8).to(torch.int32)
+        w = torch.rand((300, 8), generator=g, device=device)
+        try:
+            got, want = combine_rows(y, pos, w).float(), combine_reference(y, pos, w).float()
+            _COMBINE_OK[key] = bool((got - want).norm() <= 1e-2 * want.norm())
+        except Exception:  # no Triton, or no kernel for this GPU: the reference's
+            _COMBINE_OK[key] = False
+    return _COMBINE_OK[key]
 
 
 class DSMoEBlock(MoEBlock):
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        triton_combine_ok(self.device)  # decided here, before any graph is captured
+
     def _grouped(
         self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor
     ) -> torch.Tensor:
@@ -59,6 +92,22 @@ class DSMoEBlock(MoEBlock):
         r = h.shape[0]
         gq, gs, _ = quantize_rows(h, silu=True)
         return self._grouped(gq[0, :r], gs[0, :r], 2, offs)
+
+    def combine(
+        self,
+        y: torch.Tensor,
+        order: torch.Tensor,
+        tok: torch.Tensor,
+        topk_weights: torch.Tensor,
+        t: int,
+    ) -> torch.Tensor:
+        if not triton_combine_ok(y.device):
+            return super().combine(y, order, tok, topk_weights, t)
+        from ..triton_combine import combine_rows, sorted_positions
+
+        fp8.used.add("triton_combine")
+        pos = sorted_positions(order, topk_weights.shape[1])
+        return combine_rows(y, pos, topk_weights).to(self.dtype)
 
     def _triton_gmm(
         self, aq: torch.Tensor, a_s: torch.Tensor, which: int, offs: torch.Tensor

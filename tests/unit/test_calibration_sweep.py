@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 
+from deepinfer_sim.calibration.sweep import Grid  # noqa: E402
 from deepinfer_sim.cli import main  # noqa: E402
 from deepinfer_sim.errors import ConfigError, UserError  # noqa: E402
 from deepinfer_sim.models.cost import PoolShape  # noqa: E402
@@ -433,6 +434,37 @@ def test_moe_split_measures_the_experts_alone_and_merges_them(calibrated, tmp_pa
     assert one.moe_s(300.0, "decode") == pytest.approx(one_whole.moe_s(300.0, "decode"))
 
 
+def test_moe_split_prefill_retimes_only_the_prefill_attention(calibrated, tmp_path):
+    """``measure --prefill`` also times the prefill attention block on the grid's prefill
+    shapes; ``merge`` replaces the prefill fits, their errors and raw points of that model with
+    fits of the shipped forms, and keeps its decode fits and raw decode points untouched."""
+    from deepinfer_sim.calibration import moe_split
+
+    measured = tmp_path / "moe.json"
+    args = ["measure", "--out", str(measured), "--device", "cpu", "--models", TOY]
+    args += ["--parts", "moe,prefill"]
+    args += ["--kernels", "reference", "--grid", "tiny", "--hardware", "h200"]
+    assert moe_split.main(args) == 0
+    res = json.loads(measured.read_text())["models"]["toy-v4"]
+    assert set(res["raw"]) == set(moe_split.RAW_KEYS) | set(moe_split.PREFILL_KEYS)
+    grid = Grid.tiny()
+    kinds = {r[0] for r in res["raw"]["prefill"]}
+    assert len(res["raw"]["prefill"]) == len(kinds) * len(grid.prefill_shapes())
+    assert len(res["raw"]["prefill_offgrid"]) == len(kinds) * len(grid.off_prefill)
+    out = tmp_path / "merged.yaml"
+    assert moe_split.main(["merge", str(measured), str(calibrated["path"]), str(out)]) == 0
+    before = load_profile(str(calibrated["path"])).models["toy-v4"]
+    prof = load_profile(str(out))
+    after = prof.models["toy-v4"]
+    assert after.raw["prefill"] == res["raw"]["prefill"]
+    assert after.raw["decode"] == before.raw["decode"]
+    assert after.hardware["h200"].decode == before.hardware["h200"].decode
+    assert set(after.hardware["h200"].prefill) == kinds
+    assert after.hardware["h200"].prefill != before.hardware["h200"].prefill  # re-timed
+    assert all(f"prefill.{k}" in after.fit for k in kinds)
+    assert "prefill of toy-v4" in prof.provenance.note
+
+
 def test_moe_split_rescale_carries_a_kernel_change_timed_on_another_gpu(tmp_path):
     """``rescale`` multiplies each time of the profiled GPU's file by new / base (the new and old
     kernels timed on one other GPU) at the same (experts, tokens), notes where the ratio was
@@ -455,8 +487,35 @@ def test_moe_split_rescale_carries_a_kernel_change_timed_on_another_gpu(tmp_path
     assert res["raw"]["moe_experts"] == [[4.0, 16.0, 1.0], [8.0, 64.0, 6.0]]
     assert res["device"] == "H200" and res["rescaled"]["device"] == "H100"
     new["models"]["m@tp1-moetp4"]["raw"]["moe"][1][1] = 128.0
-    with pytest.raises(UserError, match="moe: the three files time different shapes"):
+    with pytest.raises(UserError, match=r"moe: \[8.0, 64.0\] is not timed in both other files"):
         moe_split.rescale(target, base, new)
+    said: list[str] = []
+    kept = moe_split.rescale(target, base, new, drop_missing=True, log=said.append)
+    assert kept["models"]["m@tp1-moetp4"]["raw"]["moe"] == [[4.0, 16.0, 1.0]]
+    assert said == ["m@tp1-moetp4: moe: 1 shapes not timed in both others left out: [[8.0, 64.0]]"]
+
+
+def test_moe_split_rescale_carries_prefill_and_the_parts_all_three_timed():
+    """Prefill rows (kind, tokens, prefix, seconds) rescale shape by shape like the experts';
+    the others may time more shapes than the target; a part only the target timed is refused,
+    and a part the target lacks is left out."""
+    from deepinfer_sim.calibration import moe_split
+
+    def measured(t: float, extra: bool = False, moe: bool = False) -> dict:
+        pre = [["mla", 16.0, 0.0, t], ["mla", 16.0, 8192.0, 2 * t]]
+        pre += [["mla", 64.0, 0.0, 9.0]] if extra else []
+        raw = {"prefill": pre, "prefill_offgrid": [["mla", 20.0, 50.0, 3 * t]]}
+        raw |= {"moe": [[4.0, 16.0, 1.0]]} if moe else {}
+        return {"models": {"m@tp8": {"raw": raw}}}
+
+    out = moe_split.rescale(measured(2.0), measured(1.0, True, True), measured(0.5, True))
+    raw = out["models"]["m@tp8"]["raw"]
+    assert raw == {
+        "prefill": [["mla", 16.0, 0.0, 1.0], ["mla", 16.0, 8192.0, 2.0]],
+        "prefill_offgrid": [["mla", 20.0, 50.0, 3.0]],
+    }
+    with pytest.raises(UserError, match="moe timed in the target only"):
+        moe_split.rescale(measured(2.0, moe=True), measured(1.0), measured(0.5))
 
 
 def test_moe_split_merge_names_a_bad_file(calibrated, tmp_path):

@@ -44,10 +44,20 @@ def test_the_shipped_kernel_table_renders():
 
 
 def test_refitting_the_shipped_profile_changes_nothing():
-    """h200-deepseek's engine-core model is what refit.py fits from its own raw engine steps."""
+    """h200-deepseek's engine-core model is what refit.py fits from its own raw engine steps —
+    except V3's: its engine steps (call 26) ran its prefill attention on FlashAttention-2 and
+    the reference combine, and its engine model stays fitted against the kernel fits of those
+    kernels; device call 35 moved its prefill and whole routed-call fits to cuDNN's split
+    attention and the Triton combine, and a refit against those would count their savings as
+    engine time (the engine model applies only to eager, engine-core comparisons)."""
     prof = load_profile("h200-deepseek")
     again = refit_engine(prof)
     for name, fits in prof.models.items():
+        if name == "deepseek-v3":
+            assert again.models[name].hardware["h200"].engine_overhead != (
+                fits.hardware["h200"].engine_overhead
+            )  # the reason it is left out: refitting would move it
+            continue
         for hw, coefs in fits.hardware.items():
             new = again.models[name].hardware[hw].engine_overhead
             for key, value in coefs.engine_overhead.model_dump().items():
@@ -136,7 +146,7 @@ def test_the_shipped_prefix_form_lowers_the_prefill_fits_off_grid_error():
 # off-grid MoE MAPE of h200-deepseek's shipped (smooth) fits, and re-fitted additive only
 SMOOTH_MOE_OFFGRID = {
     "deepseek-v4.1-flash": (0.0412, 0.0690),
-    "deepseek-v3": (0.0415, 0.0580),
+    "deepseek-v3": (0.0776, 0.0460),  # call 35's Triton combine, 3 off-grid shapes
     "deepseek-v4-flash": (0.0461, 0.0566),
     "deepseek-v4-pro": (0.0469, 0.0831),
 }
@@ -145,8 +155,9 @@ SMOOTH_MOE_OFFGRID = {
 def test_the_smooth_moe_form_on_the_shipped_raw_measurements():
     """Cross-validation picks the smooth combination (exp form, k between 1.3 and 1.7) for the
     routed experts of every model of h200-deepseek; off-grid it scores lower than the additive
-    form (k = 1, ``fit_moe(smooth=False)``) re-fitted on the same raw measurements, 4.4 % against
-    6.7 % on average."""
+    form (k = 1, ``fit_moe(smooth=False)``) re-fitted on the same raw measurements, 4.5 % against
+    7.0 % on average — except V3's whole call since device call 35 (the Triton combine, rescaled
+    from an H100, three of its six off-grid shapes left): 7.8 % smooth against 4.6 % additive."""
     prof = load_profile("h200-deepseek")
     new_errs, old_errs = [], []
     for name, fits in prof.models.items():
@@ -162,10 +173,13 @@ def test_the_smooth_moe_form_on_the_shipped_raw_measurements():
         shipped = fits.fit["moe"].offgrid_mape
         assert shipped is not None and err.offgrid_mape is not None
         assert (shipped, err.offgrid_mape) == pytest.approx(SMOOTH_MOE_OFFGRID[name], abs=5e-4)
+        if name == "deepseek-v3":
+            assert shipped > err.offgrid_mape
+            continue
         assert shipped < err.offgrid_mape, name
         new_errs.append(shipped)
         old_errs.append(err.offgrid_mape)
-    assert np.mean(new_errs) < np.mean(old_errs) - 0.02  # 6.7 % -> 4.4 %
+    assert np.mean(new_errs) < np.mean(old_errs) - 0.02  # 7.0 % -> 4.5 %
 
 
 def test_a_measured_all_to_all_is_carried_only_from_the_same_device():

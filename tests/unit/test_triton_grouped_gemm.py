@@ -80,6 +80,7 @@ def test_the_tp_kernel_bench_lists_its_cases(capsys):
     assert widths[("deepseek-v3", 8, "down")] == (7168, 256)
     assert widths[("deepseek-v4.1-flash", 2, "down")] == (5120, 1152)
     assert {c["heads"] for c in cases["attention"]} == {16, 32, 128}
+    assert {(c["top_k"], c["hidden"]) for c in cases["combine"]} == {(8, 7168)}
 
 
 @pytest.mark.gpu

@@ -1,0 +1,68 @@
+"""The GPU prefill paths' plumbing on the CPU: MLA prefill attention split into the chunk over
+itself (causal) and over its prefix (unmasked), merged by log-sum-exps
+(``kernels/deepseek/mla.py``), and the routed experts' combine by sorted positions
+(``kernels/triton_combine.py``). The kernels themselves (cuDNN's attention, the Triton combine)
+run on a GPU, where ``deepseek_check`` and their own first-use checks compare them with these."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_sim.kernels.deepseek import mla
+from deepinfer_sim.kernels.moe import MoEBlock
+from deepinfer_sim.kernels.shapes import LayerShape
+from deepinfer_sim.kernels.triton_combine import combine_reference, sorted_positions
+
+
+def _math_kernel(q, k, v, scale, causal):
+    """Attention of ``[1, H, m, d]`` inputs with its natural-log LSE, in float64."""
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+    if causal:
+        n, kv = s.shape[-2:]
+        keep = torch.arange(kv)[None, :] <= torch.arange(n)[:, None] + (kv - n)
+        s = s.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.einsum("bhqk,bhkd->bhqd", torch.exp(s - lse.unsqueeze(-1)), v.double()), lse
+
+
+@pytest.mark.parametrize("n,p", [(5, 0), (7, 13), (1, 40), (16, 1)])
+def test_split_attention_equals_end_aligned_causal(n, p):
+    g = torch.Generator().manual_seed(n * 100 + p)
+    q = torch.randn((n, 3, 24), generator=g, dtype=torch.float64)
+    k = torch.randn((n + p, 3, 24), generator=g, dtype=torch.float64)
+    v = torch.randn((n + p, 3, 16), generator=g, dtype=torch.float64)
+    got = mla._split_attention(q, k, v, 0.2, _math_kernel)
+    want = mla._sdpa_causal(q, k, v, 0.2)
+    assert got.shape == (n, 3, 16)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # merged in float32
+
+
+def test_cpu_prefill_attention_takes_the_masked_path():
+    q, k, v = torch.ones((2, 1, 8)), torch.ones((5, 1, 8)), torch.arange(20.0).view(5, 1, 4)
+    out = mla.prefill_attention(q, k, v, 1.0)
+    assert out.shape == (2, 1, 4)
+    # equal scores: the first new token sees 4 keys, the second all 5
+    torch.testing.assert_close(out[:, 0], torch.stack([v[:4, 0].mean(0), v[:, 0].mean(0)]))
+
+
+def test_sorted_positions_invert_the_sort():
+    ids = torch.tensor([[3, 0], [1, 3], [0, 2], [3, 1]])
+    order = torch.argsort(ids.reshape(-1), stable=True)
+    pos = sorted_positions(order, 2)
+    assert pos.dtype == torch.int32 and pos.shape == (4, 2)
+    assert torch.equal(order[pos.reshape(-1).long()], torch.arange(8))
+
+
+@pytest.mark.parametrize("tokens,experts,top_k", [(9, 4, 2), (1, 3, 3), (40, 8, 4)])
+def test_combine_by_positions_equals_the_reference_combine(tokens, experts, top_k):
+    shape = LayerShape.toy(hidden=16, expert_width=8, local_experts=experts, top_k=top_k)
+    block = MoEBlock(shape, "cpu", "bf16", dtype=torch.float32)
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn((tokens, 16), generator=g)
+    ids, w = block.route(x)
+    order, tok, _ = block.sort_by_expert(ids)
+    y = torch.randn((tokens * top_k, 16), generator=g)
+    want = block.combine(y, order, tok, w, tokens)
+    got = combine_reference(y, sorted_positions(order, top_k), w)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
