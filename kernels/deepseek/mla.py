@@ -325,7 +325,7 @@ def cudnn_split_ok(device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int
     FlashAttention-2); ``DEEPINFER_PREFILL_ATTENTION=flash`` forces FlashAttention-2."""
     import os
 
-    if os.environ.get("DEEPINFER_PREFILL_ATTENTION") == "flash":
+    if os.environ.get("DEEPINFER_PREFILL_ATTENTION") == "flash" or device.type != "cuda":
         return False
     key = (str(device), dtype, d_qk, d_v)
     if key not in _CUDNN_SPLIT:

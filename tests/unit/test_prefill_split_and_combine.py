@@ -66,3 +66,19 @@ def test_combine_by_positions_equals_the_reference_combine(tokens, experts, top_
     want = block.combine(y, order, tok, w, tokens)
     got = combine_reference(y, sorted_positions(order, top_k), w)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_gpu_kernels_are_declined_where_they_cannot_run(monkeypatch):
+    """Without a GPU (or when told to) the block keeps the reference paths: the split form's
+    cuDNN kernel and the Triton combine are each decided once, and say no here."""
+    from deepinfer_sim.kernels.deepseek.moe import triton_combine_ok
+
+    cpu = torch.device("cpu")
+    assert not triton_combine_ok(cpu)
+    assert not mla.cudnn_split_ok(cpu, torch.bfloat16, 24, 16)  # no cuDNN attention on a CPU
+    decided = {("cuda:0", torch.bfloat16, 24, 16): True}  # as a GPU that passed its check
+    monkeypatch.setattr(mla, "_CUDNN_SPLIT", decided)
+    gpu = torch.device("cuda:0")
+    assert mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)  # decided once, not re-checked
+    monkeypatch.setenv("DEEPINFER_PREFILL_ATTENTION", "flash")
+    assert not mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)
