@@ -120,11 +120,22 @@ class RooflineParams(FrozenModel):
 
 
 def micro_batches(chunks: Sequence[Chunk]) -> tuple[list[Chunk], list[Chunk]]:
-    """Two-batch overlap's split of one rank's chunks: each chunk's first half in the first
-    micro-batch, its second half (after the first as prefix) in the second."""
-    first = [(n // 2, p) for n, p in chunks if n // 2]
-    second = [(n - n // 2, p + n // 2) for n, p in chunks]
-    return first, second
+    """Two-batch overlap's split of one rank's chunks, as SGLang splits a prefill batch
+    (``two_batch_overlap.compute_split_seq_index``): whole chunks, the first micro-batch up to
+    and including the one at which the running token count reaches half the total (never the
+    last). One chunk is cut in halves instead, the second after the first as its prefix (SGLang
+    runs a one-sequence batch without micro-batches; DeepSeek does not say)."""
+    if len(chunks) == 1:
+        ((n, p),) = chunks
+        return ([(n // 2, p)] if n // 2 else []), [(n - n // 2, p + n // 2)]
+    half = sum(n for n, _ in chunks) // 2
+    done = cut = 0
+    for n, _ in chunks[:-1]:
+        done += n
+        cut += 1
+        if done >= half:
+            break
+    return list(chunks[:cut]), list(chunks[cut:])
 
 
 @dataclass(frozen=True, slots=True)

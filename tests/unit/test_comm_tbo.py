@@ -116,11 +116,15 @@ def test_a_measured_scale_up_exchange_replaces_the_defaults_inside_a_node() -> N
     assert slow.time(4096, "prefill") == pytest.approx(4 * fast.time(4096, "prefill"))
 
 
-def test_micro_batches_split_every_chunk_in_two() -> None:
-    a, b = micro_batches([(100, 0), (7, 50), (1, 9)])
-    assert a == [(50, 0), (3, 50)]
-    assert b == [(50, 50), (4, 53), (1, 9)]
-    assert sum(n for n, _ in a + b) == 108
+def test_micro_batches_split_whole_chunks_at_half_the_tokens_as_sglang() -> None:
+    """SGLang's split of a prefill batch: whole sequences, the first micro-batch up to the one at
+    which the running count reaches half the tokens, never the last; one chunk is halved."""
+    assert micro_batches([(100, 0), (7, 50), (1, 9)]) == ([(100, 0)], [(7, 50), (1, 9)])
+    assert micro_batches([(4096, 0)] * 4) == ([(4096, 0)] * 2, [(4096, 0)] * 2)
+    assert micro_batches([(10, 0), (10, 5), (100, 0)]) == ([(10, 0), (10, 5)], [(100, 0)])
+    assert micro_batches([(3, 0), (9, 0)]) == ([(3, 0)], [(9, 0)])
+    assert micro_batches([(101, 7)]) == ([(50, 7)], [(51, 57)])
+    assert micro_batches([(1, 7)]) == ([], [(1, 7)])
 
 
 def test_two_batch_overlap_hides_communication_stage_by_stage_and_pays_fixed_costs_twice() -> None:

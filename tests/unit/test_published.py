@@ -55,13 +55,14 @@ def test_every_case_runs_on_both_cost_model_families(results) -> None:
 
 def test_cases_within_tolerance_as_measured(results) -> None:
     """What docs/validation.md reports (2026-12-06, after device call 35 moved V3's prefill
-    attention to cuDNN's split form and its routed combine to Triton): the profiles predict
-    SGLang's 96-GPU 1K prefill and decode, DeepSeek's profiled prefill and production decode,
-    RTP-LLM's decode, CloudMatrix384's perfect-EPLB prefill and large-batch decode, GPUStack's
-    32K prefills (TP8 and DP attention) and TP8 decode on the H200 within tolerance. A change that
-    moves one of these outside is a regression to look at, not a number to re-tune. Call 35 moved
-    four prefills outside (SGLang 2K / 4K, DeepSeek's production day average, CloudMatrix384's
-    default EPLB) and SGLang's two-batch-overlap speed-up; docs/validation.md says why.
+    attention to cuDNN's split form and its routed combine to Triton, and two-batch overlap
+    split prefill batches by whole sequences as SGLang does): the profiles predict SGLang's
+    96-GPU decode, DeepSeek's profiled prefill and production decode, RTP-LLM's decode,
+    CloudMatrix384's perfect-EPLB prefill and large-batch decode, GPUStack's 32K prefills (TP8 and
+    DP attention) and TP8 decode on the H200 within tolerance. A change that moves one of these
+    outside is a regression to look at, not a number to re-tune. Those two changes moved SGLang's
+    three prefills, DeepSeek's production day average, CloudMatrix384's default-EPLB prefill and
+    SGLang's two-batch-overlap speed-up outside; docs/validation.md says why.
 
     dstack and GPUStack publish vLLM TP8 TPOTs of R1 on the H200 at concurrency 4 33 % apart
     (25.7 and 19.4 ms): no model holds both within ±15 %. Until call 34 the prediction sat
@@ -76,7 +77,6 @@ def test_cases_within_tolerance_as_measured(results) -> None:
         "cloudmatrix384-r1-910c",
     )
     expected = [
-        (sglang, "prefill, 1K prompts, EP32"),
         (sglang, "decode, batch 256 per GPU, 2K context, EP72"),
         (profile, "prefill, 4K prompts, 16,384 tokens per GPU, EP32"),
         (production, "decode at 20-22 tok/s per user, 4,989 context, EP144, MTP"),
@@ -89,7 +89,7 @@ def test_cases_within_tolerance_as_measured(results) -> None:
     ]
     for case in expected:
         assert case in within, case
-    assert len(within) >= len(expected) == 10
+    assert len(within) >= len(expected) == 9
     tpot = {
         r.file: r
         for r in results
