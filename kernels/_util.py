@@ -10,6 +10,8 @@
   and would stall the host once per layer.
 * ``fp8_supported(device)``: ``torch._scaled_mm`` needs compute capability >= 8.9.
 * ``gemm_rates(device)``: the measured FP8 and bf16 GEMM rates (the compute ceilings).
+* ``decided_once(cache, key, decide)``: a kernel choice made once per key (a timing or a
+  correctness check) and never inside a CUDA graph capture, which it would break.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 POISON = False  # tests switch this on: outputs start as NaN instead of uninitialized memory
 
@@ -152,6 +157,16 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     o = out.detach().double().cpu()
     r = ref.detach().double().cpu()
     return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r).clamp_min(1e-300))
+
+
+def decided_once(cache: dict[K, V], key: K, decide: Callable[[], V]) -> V | None:
+    """``cache[key]``, from ``decide()`` the first time it is asked for — or None while a CUDA
+    graph is being captured and ``key`` is not decided yet (the caller's fallback then runs)."""
+    if key not in cache:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return None
+        cache[key] = decide()
+    return cache[key]
 
 
 def next_pow2(n: int) -> int:

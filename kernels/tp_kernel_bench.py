@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -77,10 +78,36 @@ def combine_cases(quick: bool = False) -> list[dict[str, Any]]:
     ]
 
 
+def _time_kernels(
+    row: dict[str, Any],
+    kernels: Sequence[tuple[str, Callable[[], Any]]],
+    ref: Any,
+    warmup: int = 5,
+    rep: int = 30,
+    view: Callable[[Any], Any] = lambda out: out,
+    bench: Callable[..., float] | None = None,
+) -> dict[str, Any]:
+    """Each kernel's relative error against ``ref`` (of ``view(output)``) and median time in
+    ms (``bench``, default ``triton.testing.do_bench``) into ``row`` as ``NAME_err`` /
+    ``NAME_us``; a kernel that cannot run this shape is said (``NAME_error``) and the others go
+    on."""
+    if bench is None:
+        from triton.testing import do_bench
+    else:
+        do_bench = bench
+    for name, fn in kernels:
+        try:
+            got = view(fn()).float()
+            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
+            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=warmup, rep=rep))
+        except Exception as exc:
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return row
+
+
 def time_combine(case: dict[str, Any]) -> dict[str, Any]:
     """The reference combine and the Triton combine on one shape (GPU only)."""
     import torch
-    from triton.testing import do_bench
 
     from .moe import MoEBlock
     from .triton_combine import combine_reference, combine_rows, sorted_positions
@@ -101,24 +128,15 @@ def time_combine(case: dict[str, Any]) -> dict[str, Any]:
     def reference() -> Any:
         return MoEBlock.combine(holder, y, order, tok, w, t)  # type: ignore[arg-type]
 
-    row: dict[str, Any] = dict(case)
-    for name, fn in (
-        ("index_add", reference),
-        ("triton", lambda: combine_rows(y, sorted_positions(order, k), w)),
-    ):
-        try:
-            got = fn().float()
-            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
-            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=5, rep=30))
-        except Exception as exc:
-            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    return row
+    def triton() -> Any:
+        return combine_rows(y, sorted_positions(order, k), w)
+
+    return _time_kernels(dict(case), (("index_add", reference), ("triton", triton)), ref)
 
 
 def time_moe(case: dict[str, Any]) -> dict[str, Any]:
     """torch._scaled_grouped_mm and the Triton grouped GEMM on one shape (GPU only)."""
     import torch
-    from triton.testing import do_bench
 
     from .linear import quantize_rowwise
     from .triton_grouped_gemm import grouped_fp8_gemm, grouped_reference
@@ -141,15 +159,8 @@ def time_moe(case: dict[str, Any]) -> dict[str, Any]:
     def triton_gmm() -> Any:
         return grouped_fp8_gemm(aq, a_s, wq, ws, offs)
 
-    row: dict[str, Any] = dict(case)
-    for name, fn in (("scaled_grouped_mm", torch_gmm), ("triton", triton_gmm)):
-        try:
-            got = fn().float()
-            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
-            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=10, rep=40))
-        except Exception as exc:  # a kernel that cannot run this shape: say so, go on
-            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    return row
+    kernels = (("scaled_grouped_mm", torch_gmm), ("triton", triton_gmm))
+    return _time_kernels(dict(case), kernels, ref, warmup=10, rep=40)
 
 
 def time_attention(case: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +169,6 @@ def time_attention(case: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
-    from triton.testing import do_bench
 
     h, n, p, dqk, dv = case["heads"], case["new"], case["prefix"], case["d_qk"], case["d_v"]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -195,14 +205,8 @@ def time_attention(case: dict[str, Any]) -> dict[str, Any]:
     def split() -> Any:
         return mla._split_attention(q3, k3, v3, scale, mla._cudnn).transpose(0, 1).unsqueeze(0)
 
-    for name, fn in (("flash", flash), ("cudnn", cudnn), ("split", split)):
-        try:
-            got = fn()[..., :dv].float()
-            row[f"{name}_err"] = float((got - ref).norm() / ref.norm())
-            row[f"{name}_us"] = 1e3 * float(do_bench(fn, warmup=5, rep=30))
-        except Exception as exc:
-            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    return row
+    kernels = (("flash", flash), ("cudnn", cudnn), ("split", split))
+    return _time_kernels(row, kernels, ref, view=lambda out: out[..., :dv])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,15 @@ from functools import partial
 
 import torch
 
-from .._util import FP8, FP8_MAX, capture_graph, fp8_supported, median_time, next_pow2
+from .._util import (
+    FP8,
+    FP8_MAX,
+    capture_graph,
+    decided_once,
+    fp8_supported,
+    median_time,
+    next_pow2,
+)
 
 ROW_ALIGN = 16
 _TRITON: bool | None = None
@@ -261,12 +269,12 @@ class GroupedFP8Linear:
         rows = int(xq.shape[1])
         g, n, k = (int(d) for d in self.wq.shape)
         bucket = next_pow2(rows)
-        key = (g, n, k, bucket)
-        if key not in GROUPED_TIMINGS:
-            if torch.cuda.is_current_stream_capturing():
-                return rows >= BATCHED_MIN_ROWS
-            GROUPED_TIMINGS[key] = self._time_paths(bucket, xq)
-        batched_s, per_group_s = GROUPED_TIMINGS[key]
+        timings = decided_once(
+            GROUPED_TIMINGS, (g, n, k, bucket), lambda: self._time_paths(bucket, xq)
+        )
+        if timings is None:  # inside a capture, not timed yet
+            return rows >= BATCHED_MIN_ROWS
+        batched_s, per_group_s = timings
         return batched_s <= per_group_s
 
     def _time_paths(self, bucket: int, like: torch.Tensor) -> tuple[float, float]:

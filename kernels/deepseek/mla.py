@@ -29,13 +29,14 @@ All projections are FP8 (``fp8.py``); the absorbed bmm's run in bf16, as in Deep
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .._util import as_device, default_dtype, generator, randn, rms_norm
+from .._util import as_device, decided_once, default_dtype, generator, randn, rms_norm
 from ..block import LayerBlock
 from ..cache import SlotBook
 from ..shapes import LayerShape
@@ -323,25 +324,23 @@ def cudnn_split_ok(device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int
     ≤ CUDNN_TOL on a chunk of 200 after a prefix of 300, 8 heads)? Decided once per device,
     dtype and head widths, outside any graph capture (inside one, an undecided case takes
     FlashAttention-2); ``DEEPINFER_PREFILL_ATTENTION=flash`` forces FlashAttention-2."""
-    import os
-
     if os.environ.get("DEEPINFER_PREFILL_ATTENTION") == "flash" or device.type != "cuda":
         return False
     key = (str(device), dtype, d_qk, d_v)
-    if key not in _CUDNN_SPLIT:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        g = torch.Generator(device=device).manual_seed(11)
-        n, p, h = 200, 300, 8
-        q, k = (torch.randn((m, h, d_qk), generator=g, device=device).to(dtype) for m in (n, n + p))
-        v = torch.randn((n + p, h, d_v), generator=g, device=device).to(dtype)
-        try:
-            got = _split_attention(q, k, v, d_qk**-0.5, _cudnn).float()
-            want = _flash_causal(q, k, v, d_qk**-0.5).float()
-            _CUDNN_SPLIT[key] = bool((got - want).norm() <= CUDNN_TOL * want.norm())
-        except (RuntimeError, NotImplementedError):  # no cuDNN attention for this GPU / shape
-            _CUDNN_SPLIT[key] = False
-    return _CUDNN_SPLIT[key]
+    return decided_once(_CUDNN_SPLIT, key, lambda: _split_agrees(device, dtype, d_qk, d_v)) is True
+
+
+def _split_agrees(device: torch.device, dtype: torch.dtype, d_qk: int, d_v: int) -> bool:
+    g = torch.Generator(device=device).manual_seed(11)
+    n, p, h = 200, 300, 8
+    q, k = (torch.randn((m, h, d_qk), generator=g, device=device).to(dtype) for m in (n, n + p))
+    v = torch.randn((n + p, h, d_v), generator=g, device=device).to(dtype)
+    try:
+        got = _split_attention(q, k, v, d_qk**-0.5, _cudnn).float()
+        want = _flash_causal(q, k, v, d_qk**-0.5).float()
+    except (RuntimeError, NotImplementedError):  # no cuDNN attention for this GPU / shape
+        return False
+    return bool((got - want).norm() <= CUDNN_TOL * want.norm())
 
 
 def _flash_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

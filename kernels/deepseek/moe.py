@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._util import next_pow2
+from .._util import decided_once, next_pow2
 from ..moe import MoEBlock
 from . import fp8
 from .fp8 import quantize_rows
@@ -43,22 +43,21 @@ def triton_combine_ok(device: torch.device) -> bool:
     takes the reference combine): the kernel on 300 tokens × 8 rows against its reference."""
     if os.environ.get("DEEPINFER_COMBINE") == "torch" or device.type != "cuda":
         return False
-    key = str(device)
-    if key not in _COMBINE_OK:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        from ..triton_combine import combine_reference, combine_rows
+    return decided_once(_COMBINE_OK, str(device), lambda: _combine_agrees(device)) is True
 
-        g = torch.Generator(device=device).manual_seed(5)
-        y = torch.randn((2400, 1536), generator=g, device=device).to(torch.bfloat16)
-        pos = torch.randperm(2400, generator=g, device=device).view(300, 8).to(torch.int32)
-        w = torch.rand((300, 8), generator=g, device=device)
-        try:
-            got, want = combine_rows(y, pos, w).float(), combine_reference(y, pos, w).float()
-            _COMBINE_OK[key] = bool((got - want).norm() <= 1e-2 * want.norm())
-        except Exception:  # no Triton, or no kernel for this GPU: the reference's
-            _COMBINE_OK[key] = False
-    return _COMBINE_OK[key]
+
+def _combine_agrees(device: torch.device) -> bool:
+    from ..triton_combine import combine_reference, combine_rows
+
+    g = torch.Generator(device=device).manual_seed(5)
+    y = torch.randn((2400, 1536), generator=g, device=device).to(torch.bfloat16)
+    pos = torch.randperm(2400, generator=g, device=device).view(300, 8).to(torch.int32)
+    w = torch.rand((300, 8), generator=g, device=device)
+    try:
+        got, want = combine_rows(y, pos, w).float(), combine_reference(y, pos, w).float()
+    except Exception:  # no Triton, or no kernel for this GPU: the reference's
+        return False
+    return bool((got - want).norm() <= 1e-2 * want.norm())
 
 
 class DSMoEBlock(MoEBlock):
@@ -126,12 +125,13 @@ class DSMoEBlock(MoEBlock):
         if os.environ.get("DEEPINFER_ROUTED_GEMM") == "torch":  # calibration's baseline
             return False
         e, n, k = (int(d) for d in self._weights(which, quantized=True).shape)
-        key = (n, k, e, next_pow2(max(1, int(aq.shape[0]))))
-        if key not in ROUTED_TIMINGS:
-            if torch.cuda.is_current_stream_capturing():
-                return False
-            ROUTED_TIMINGS[key] = self._time_kernels(which, key[3], aq)
-        torch_s, triton_s = ROUTED_TIMINGS[key]
+        bucket = next_pow2(max(1, int(aq.shape[0])))
+        timings = decided_once(
+            ROUTED_TIMINGS, (n, k, e, bucket), lambda: self._time_kernels(which, bucket, aq)
+        )
+        if timings is None:  # inside a capture, not timed yet: torch's
+            return False
+        torch_s, triton_s = timings
         return triton_s < torch_s
 
     def _time_kernels(self, which: int, bucket: int, like: torch.Tensor) -> tuple[float, float]:

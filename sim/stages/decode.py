@@ -309,16 +309,7 @@ class DecodeGroup(StepLoop):
         n = self.n
         k = self.steps
         now = self.env.now
-        self.step_end.append(now)
-        self.step_dt.append(dt)
-        self.step_n.append(n)
-        self.step_new.append(self.new_this_step)
-        self.new_this_step = 0
-        self.busy_s += dt
-        self.seq_steps += n
-        self.seq_s += n * dt
-        self.kv_s += float(self.kv.sum()) * dt
-        self.reserved_s += float(self.reserved.sum()) * dt
+        self._log_step(now, dt, n, self.new_this_step)
         hw = self.hw
         left = self.s_left[:hw]
         spec = self.spec
@@ -332,6 +323,20 @@ class DecodeGroup(StepLoop):
         else:
             self._emit_accepted(hw, self.s_req[:hw] >= 0, left)
         self._retire_and_preempt(left, now, k)
+
+    def _log_step(self, now: float, dt: float, ran: int, new: int) -> None:
+        """The step's row of the step table (``ran`` sequences emitted, ``new`` of them in their
+        first step) and the group's running totals; every held sequence counts for its seconds."""
+        self.step_end.append(now)
+        self.step_dt.append(dt)
+        self.step_n.append(ran)
+        self.step_new.append(new)
+        self.new_this_step = 0
+        self.busy_s += dt
+        self.seq_steps += ran
+        self.seq_s += self.n * dt
+        self.kv_s += float(self.kv.sum()) * dt
+        self.reserved_s += float(self.reserved.sum()) * dt
 
     def _emit_accepted(self, hw: int, live: np.ndarray, left: np.ndarray) -> None:
         """Speculative decoding: the ``live`` slots emit what the chain accepts, advanced."""
@@ -368,7 +373,6 @@ class DecodeGroup(StepLoop):
         emits; that step's ITL is then its duration plus the wait (``wait_row`` ...), and a new
         sequence's first step is the first it runs in (its ``s_k0``, ``decode_first_step``)."""
         assert self.sat_out is not None
-        n = self.n
         k = self.steps
         now = self.env.now
         t = self.table
@@ -391,16 +395,7 @@ class DecodeGroup(StepLoop):
             self.s_k0[later] = k + 1
             rids = self.s_req[later]
             t.decode_first_step[rids[t.decode_first_step[rids] == k]] = k + 1
-        self.new_this_step = 0
-        self.step_end.append(now)
-        self.step_dt.append(dt)
-        self.step_n.append(ran)
-        self.step_new.append(int((new & stepping).sum()))
-        self.busy_s += dt
-        self.seq_steps += ran
-        self.seq_s += n * dt
-        self.kv_s += float(self.kv.sum()) * dt
-        self.reserved_s += float(self.reserved.sum()) * dt
+        self._log_step(now, dt, ran, int((new & stepping).sum()))
         left = self.s_left[:hw]
         spec = self.spec
         if spec is None or not spec.active:

@@ -82,3 +82,19 @@ def test_the_gpu_kernels_are_declined_where_they_cannot_run(monkeypatch):
     assert mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)  # decided once, not re-checked
     monkeypatch.setenv("DEEPINFER_PREFILL_ATTENTION", "flash")
     assert not mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)
+
+
+def test_a_kernel_choice_is_decided_once_per_key():
+    from deepinfer_sim.kernels._util import decided_once
+
+    asked: list[str] = []
+
+    def decide(key: str) -> bool:
+        asked.append(key)
+        return key == "a"
+
+    cache: dict[str, bool] = {}
+    assert decided_once(cache, "a", lambda: decide("a")) is True
+    assert decided_once(cache, "a", lambda: decide("a")) is True
+    assert decided_once(cache, "b", lambda: decide("b")) is False
+    assert asked == ["a", "b"] and cache == {"a": True, "b": False}

@@ -90,3 +90,23 @@ def test_the_kernel_equals_the_reference_on_a_gpu():
     case = {"experts": 8, "m": 48, "n": 512, "k": 1024, "model": "-", "moe_tp": 1, "gemm": "-"}
     row = tp_kernel_bench.time_moe(case)
     assert row["triton_err"] < 0.01, row
+
+
+def test_the_tp_kernel_bench_scores_every_kernel_and_names_the_one_that_fails():
+    """The benchmark's timing loop on the CPU (a stand-in timer): each kernel's relative error
+    against the reference (of its output's view) and time in µs, and a kernel that cannot run
+    the shape is said and the others go on."""
+    ref = torch.ones(4)
+
+    def broken() -> torch.Tensor:
+        raise RuntimeError("no kernel for this shape")
+
+    kernels = (("exact", lambda: torch.ones(6)), ("broken", broken), ("off", lambda: 2 * ref))
+    row = tp_kernel_bench._time_kernels(
+        {"case": 1}, kernels, ref, view=lambda out: out[:4], bench=lambda fn, **kw: 0.25
+    )
+    assert row["case"] == 1
+    assert row["exact_err"] == 0.0 and row["exact_us"] == 250.0
+    assert row["broken_error"] == "RuntimeError: no kernel for this shape"
+    assert "broken_us" not in row
+    assert row["off_err"] == pytest.approx(1.0)
