@@ -163,7 +163,7 @@ def decided_once(cache: dict[K, V], key: K, decide: Callable[[], V]) -> V | None
     """``cache[key]``, from ``decide()`` the first time it is asked for — or None while a CUDA
     graph is being captured and ``key`` is not decided yet (the caller's fallback then runs)."""
     if key not in cache:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_current_stream_capturing():
             return None
         cache[key] = decide()
     return cache[key]

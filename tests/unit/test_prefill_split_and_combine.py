@@ -84,7 +84,7 @@ def test_the_gpu_kernels_are_declined_where_they_cannot_run(monkeypatch):
     assert not mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)
 
 
-def test_a_kernel_choice_is_decided_once_per_key():
+def test_a_kernel_choice_is_decided_once_per_key_and_never_inside_a_capture(monkeypatch):
     from deepinfer_sim.kernels._util import decided_once
 
     asked: list[str] = []
@@ -94,7 +94,11 @@ def test_a_kernel_choice_is_decided_once_per_key():
         return key == "a"
 
     cache: dict[str, bool] = {}
-    assert decided_once(cache, "a", lambda: decide("a")) is True
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert decided_once(cache, "a", lambda: decide("a")) is None  # the caller's fallback
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert decided_once(cache, "a", lambda: decide("a")) is True
     assert decided_once(cache, "b", lambda: decide("b")) is False
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert decided_once(cache, "a", lambda: decide("a")) is True  # decided: kept in a capture
     assert asked == ["a", "b"] and cache == {"a": True, "b": False}
