@@ -13,7 +13,7 @@ from deepinfer_sim.planner.analysis.published import case_files, run_cases
 
 CASES = {
     "deepseek-v3-profile-h800": 2,
-    "sglang-v3-h100-96gpu": 5,
+    "sglang-v3-h100-96gpu": 6,
     "deepseek-v3-production-h800": 2,
     "trtllm-r1-h200-min-latency": 1,
     "trtllm-r1-b200-min-latency": 2,
