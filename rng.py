@@ -44,24 +44,34 @@ def stream(seed: int, name: str) -> np.random.Generator:
 def normal(rng: np.random.Generator, size: int | tuple[int, ...]) -> Array:
     """Standard normal draws (numpy's, with the ziggurat's tail values drawn portably)."""
     z = rng.standard_normal(size)
-    if z.size and (
-        _has_tail(z.reshape(-1))
-        if COMPILED
-        else (z.max() >= _NORMAL_TAIL or z.min() <= -_NORMAL_TAIL)
-    ):
-        flat = z.reshape(-1)
-        for i in np.flatnonzero(np.abs(flat) >= _NORMAL_TAIL).tolist():
-            flat[i] = math.copysign(_normal_tail(rng), flat[i])
+    if not z.size:
+        return z
+    flat = z.reshape(-1)
+    if COMPILED:
+        tails = _tail_indices(flat)  # mostly none: a step's draw holds about one
+    elif z.max() >= _NORMAL_TAIL or z.min() <= -_NORMAL_TAIL:
+        tails = np.flatnonzero(np.abs(flat) >= _NORMAL_TAIL)
+    else:
+        return z
+    for i in tails.tolist():
+        flat[i] = math.copysign(_normal_tail(rng), flat[i])
     return z
 
 
 @njit
-def _has_tail(z: Array) -> bool:
-    """Whether any |z| >= the ziggurat's tail (one pass; numpy's max and min take two)."""
-    for x in z:  # noqa: SIM110 - a loop numba compiles; any() over a generator it does not
+def _tail_indices(z: Array) -> npt.NDArray[np.int64]:
+    """The positions, in order, of the draws with |z| >= the ziggurat's tail (one pass)."""
+    n = 0
+    for x in z:
         if x >= _NORMAL_TAIL or x <= -_NORMAL_TAIL:
-            return True
-    return False
+            n += 1
+    out = np.empty(n, np.int64)
+    n = 0
+    for i in range(z.size):
+        if z[i] >= _NORMAL_TAIL or z[i] <= -_NORMAL_TAIL:
+            out[n] = i
+            n += 1
+    return out
 
 
 def standard_normal(rng: np.random.Generator) -> float:

@@ -205,17 +205,52 @@ class DSpark:
         """Threshold on survival that maximizes (B + Σ selected survival) / T(B + K)."""
         if n_live == 0:
             return 2.0
-        flat = survival.ravel()
-        b = np.minimum((flat * HIST_BINS).astype(np.int64), HIST_BINS - 1)
-        count = np.bincount(b, minlength=HIST_BINS)[::-1].cumsum()  # from the top bin down
-        mass = np.bincount(b, weights=flat, minlength=HIST_BINS)[::-1].cumsum()
         t0 = step_time(0.0)
         slope = (step_time(float(self.depth * n_live)) - t0) / (self.depth * n_live)
-        k_sel = np.concatenate([[0], count[:-1]])  # never select the bottom (zero) bin
-        m_sel = np.concatenate([[0.0], mass[:-1]])
-        rate = (n_live + m_sel) / (t0 + slope * k_sel)
-        best = int(np.argmax(rate))
-        return 2.0 if best == 0 else (HIST_BINS - best) / HIST_BINS
+        pick = best_threshold_compiled if COMPILED else best_threshold
+        return float(pick(survival, n_live, t0, slope))
+
+
+def best_threshold(survival: np.ndarray, n_live: int, t0: float, slope: float) -> float:
+    """The survival threshold of :meth:`DSpark._best_threshold` from the drafts' survivals in
+    ``HIST_BINS`` bins: selecting a bin and every bin above it verifies their drafts (K of them,
+    their survivals summing to M) at a step time of t0 + slope·K; the threshold is the best
+    bin's lower edge (2.0: select none). The numpy reference of :func:`best_threshold_compiled`."""
+    flat = survival.ravel()
+    b = np.minimum((flat * HIST_BINS).astype(np.int64), HIST_BINS - 1)
+    count = np.bincount(b, minlength=HIST_BINS)[::-1].cumsum()  # from the top bin down
+    mass = np.bincount(b, weights=flat, minlength=HIST_BINS)[::-1].cumsum()
+    k_sel = np.concatenate([[0], count[:-1]])  # never select the bottom (zero) bin
+    m_sel = np.concatenate([[0.0], mass[:-1]])
+    rate = (n_live + m_sel) / (t0 + slope * k_sel)
+    best = int(np.argmax(rate))
+    return 2.0 if best == 0 else (HIST_BINS - best) / HIST_BINS
+
+
+@njit
+def best_threshold_compiled(survival: np.ndarray, n_live: int, t0: float, slope: float) -> float:
+    """:func:`best_threshold`, compiled: the same bins, sums in the same order (bincount adds
+    in index order, cumsum from the top bin down) and the first best rate."""
+    count = np.zeros(HIST_BINS, np.int64)
+    mass = np.zeros(HIST_BINS)
+    depth, hw = survival.shape
+    for j in range(depth):  # ravel order
+        for i in range(hw):
+            x = survival[j, i]
+            b = min(int(x * HIST_BINS), HIST_BINS - 1)
+            count[b] += 1
+            mass[b] += x
+    best = 0
+    best_rate = n_live / t0  # nothing selected: the bottom bin's row of the reference
+    k = 0
+    m = 0.0
+    for r in range(1, HIST_BINS):  # r bins from the top selected
+        k += count[HIST_BINS - r]
+        m += mass[HIST_BINS - r]
+        rate = (n_live + m) / (t0 + slope * k)
+        if rate > best_rate:
+            best, best_rate = r, rate
+    return 2.0 if best == 0 else (HIST_BINS - best) / HIST_BINS
 
 
 def chain_slot(alpha: float, decay: np.ndarray, survival: np.ndarray, logit: np.ndarray) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ... import fpmath
-from ...jit import COMPILED, njit, pairwise_sum, sum_block
+from ...jit import COMPILED, exp, njit, pairwise_sum, sum_block
 from ...models.spec import ModelSpec
 from ...rng import log_dirichlet, normal, stream
 from ...scenario import ExpertLoad
@@ -93,11 +93,9 @@ class ExpertLoadModel:
     def popularity_of(self, x: np.ndarray) -> np.ndarray:
         """p[c, l, e] under the drift state ``x`` (each update makes a new ``x``, so a window
         keeps the (L, E) state of its steps and rebuilds their (C, L, E) popularity, exactly)."""
-        logits = self.log_class + x
-        logits -= logits.max(axis=2, keepdims=True)
-        p = fpmath.exp(logits)
-        p /= p.sum(axis=2, keepdims=True)
-        return p
+        if COMPILED:
+            return popularity_compiled(self.log_class, x, sum_block())
+        return popularity(self.log_class, x)
 
     def advance(self, now: float) -> None:
         """Move the drift to the last grid point at or before ``now``."""
@@ -117,6 +115,40 @@ class ExpertLoadModel:
     def mean_popularity(self) -> np.ndarray:
         """p[l, e] averaged over the classes (what a placement made without traffic sees)."""
         return self.pop.mean(axis=0)
+
+
+def popularity(log_class: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each class's softmax over the experts of each layer of ``log_class`` (C, L, E) + ``x``
+    (L, E): :meth:`ExpertLoadModel.popularity_of` in numpy, the reference of
+    :func:`popularity_compiled`."""
+    logits = log_class + x
+    logits -= logits.max(axis=2, keepdims=True)
+    p = fpmath.exp(logits)
+    p /= p.sum(axis=2, keepdims=True)
+    return p
+
+
+@njit
+def popularity_compiled(log_class: np.ndarray, x: np.ndarray, block: int) -> np.ndarray:
+    """:func:`popularity`, compiled: per (class, layer) row the same operations in the same
+    order (``block``: how numpy sums, :func:`~deepinfer_sim.jit.sum_block`)."""
+    classes, layers, experts = log_class.shape
+    p = np.empty((classes, layers, experts))
+    for c in range(classes):
+        for lay in range(layers):
+            row = p[c, lay]
+            for e in range(experts):
+                row[e] = log_class[c, lay, e] + x[lay, e]
+            top = row[0]
+            for e in range(1, experts):
+                if row[e] > top:
+                    top = row[e]
+            for e in range(experts):
+                row[e] = exp(row[e] - top)
+            total = pairwise_sum(row, block)
+            for e in range(experts):
+                row[e] = row[e] / total
+    return p
 
 
 class SlotWeights:

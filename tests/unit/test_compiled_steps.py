@@ -25,6 +25,8 @@ from deepinfer_sim.sim.core.assemble import make_step_cost
 from deepinfer_sim.sim.policies.speculative import (
     DraftChain,
     accept_compiled,
+    best_threshold,
+    best_threshold_compiled,
     chain_slot,
     chain_slot_compiled,
     count_at_least_compiled,
@@ -41,6 +43,8 @@ from deepinfer_sim.sim.stages.decode import (
 )
 from deepinfer_sim.sim.stages.expert_load import (
     SlotWeights,
+    popularity,
+    popularity_compiled,
     slot_moments_compiled,
     slot_moments_reference,
 )
@@ -348,6 +352,54 @@ def test_count_at_least_compiled_is_the_reference() -> None:
         got = np.full(hw, -1, dtype=np.int64)
         count_at_least_compiled(survival, threshold, got)
         assert np.array_equal(got, (survival >= threshold).sum(axis=0))
+
+
+@pytest.mark.parametrize(("classes", "experts"), [(1, 16), (3, 256), (2, 384)])
+def test_popularity_compiled_is_the_reference(classes: int, experts: int) -> None:
+    """The experts' popularity under a drift state: softmax rows with logits far apart (tiny
+    and underflowing shares) and hash-routed layers (all-zero logits)."""
+    rng = np.random.default_rng(classes * experts)
+    layers = 5
+    log_class = rng.standard_normal((classes, layers, experts)) * rng.uniform(0.1, 30.0)
+    log_class[:, 0, :] = 0.0  # a hash-routed layer
+    x = rng.standard_normal((layers, experts)) * 0.3
+    x[0] = 0.0
+    want = popularity(log_class, x)
+    assert np.array_equal(popularity_compiled(log_class, x, jit.sum_block()), want)
+
+
+def test_tail_indices_are_numpys() -> None:
+    """The compiled search for the ziggurat's tail draws finds those numpy's comparison finds,
+    in order (none, one, several, both signs, exactly at the edge)."""
+    from deepinfer_sim.rng import _NORMAL_TAIL, _tail_indices
+
+    rng = np.random.default_rng(16)
+    for n in [0, 1, 7, 2560, 10_000]:
+        for scale in (0.5, 1.0, 2.0):
+            z = rng.standard_normal(n) * scale
+            if n:
+                z[rng.integers(0, n)] = _NORMAL_TAIL
+                z[rng.integers(0, n)] = -_NORMAL_TAIL
+            want = np.flatnonzero(np.abs(z) >= _NORMAL_TAIL)
+            assert np.array_equal(_tail_indices(z), want)
+
+
+def test_best_threshold_compiled_is_the_reference() -> None:
+    """DSpark's threshold from its drafts' survivals: holes (zeros), survivals on a bin's edge
+    and at 1, step-time slopes from flat to steep (the best bin moves from the top to none)."""
+    rng = np.random.default_rng(15)
+    for trial in range(400):
+        depth, hw = int(rng.integers(1, 8)), int(rng.integers(1, 400))
+        survival = np.cumprod(rng.random((depth, hw)), axis=0)
+        survival[:, rng.random(hw) < 0.2] = 0.0  # holes
+        if trial % 4 == 0:
+            survival.flat[: hw // 3] = np.floor(survival.flat[: hw // 3] * 256) / 256  # edges
+            survival.flat[0] = 1.0
+        n_live = int(rng.integers(1, hw + 1))
+        t0 = float(rng.uniform(0.005, 0.05))
+        slope = float(t0 * 10.0 ** rng.uniform(-7, 0))
+        want = best_threshold(survival, n_live, t0, slope)
+        assert best_threshold_compiled(survival, n_live, t0, slope) == want, trial
 
 
 @pytest.mark.parametrize(("experts", "ranks", "redundant"), [(256, 64, 1), (384, 4, 4), (16, 1, 2)])
