@@ -14,9 +14,29 @@
     render_report(["runs/grid/runs/" + pid for pid in table["point_id"][:2]], "compare.html")
 """
 
-from ..sim.results.report import render_report
-from .grid import GridPoint, GridSpec, expand, load_grid, point_id, read_grid
-from .sweep import build_table, flatten, run_sweep
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from ..sim.results.report import render_report
+    from .grid import GridPoint, GridSpec, expand, load_grid, point_id, read_grid
+    from .sweep import build_table, flatten, run_sweep
+
+# Imported on first use, not with the package: the analyses under planner/ (a run's error band
+# reads planner.analysis) must not pay for the report's and the sweep's imports (pandas).
+_HOME = {
+    "render_report": "..sim.results.report",
+    **dict.fromkeys(
+        ("GridPoint", "GridSpec", "expand", "load_grid", "point_id", "read_grid"), ".grid"
+    ),
+    **dict.fromkeys(("build_table", "flatten", "run_sweep"), ".sweep"),
+}
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOME, globals())
 
 __all__ = [
     "GridPoint",

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.optimize import minimize
 
 from ...errors import UserError
 from . import published
@@ -175,6 +174,8 @@ def fit(
             r = ratio(c, values(np.clip(x, lo, hi)))
             total += math.log(r) ** 2 if r > 0 and math.isfinite(r) else 100.0
         return total
+
+    from scipy.optimize import minimize  # only a fit needs it: reading a band must not
 
     x0 = np.clip(np.array([math.log(start[k.path]) for k in knobs]), lo, hi)
     res = minimize(

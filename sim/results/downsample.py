@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 MAX_POINTS = 200
 
@@ -34,13 +33,15 @@ def downsample(t: Any, y: Any, max_points: int = MAX_POINTS) -> Binned:
     per_bin = max(1, -(-tt.size // max_points))
     if per_bin == 1:
         return Binned(tt, yy, yy, yy, 1)
-    frame = pd.DataFrame({"t": tt, "y": yy, "bin": np.arange(tt.size) // per_bin})
-    groups = frame.groupby("bin", sort=True)
-    stats = groups["y"].agg(["mean", "min", "max"])  # pandas skips NaN; all-NaN bins give NaN
-    return Binned(
-        groups["t"].mean().to_numpy(),
-        stats["mean"].to_numpy(),
-        stats["min"].to_numpy(),
-        stats["max"].to_numpy(),
-        per_bin,
-    )
+    starts = np.arange(0, tt.size, per_bin)
+    sizes = np.diff(np.append(starts, tt.size))
+    finite = np.isfinite(yy)
+    counts = np.add.reduceat(finite.astype(np.int64), starts)
+    sums = np.add.reduceat(np.where(finite, yy, 0.0), starts)
+    lo = np.minimum.reduceat(np.where(finite, yy, np.inf), starts)
+    hi = np.maximum.reduceat(np.where(finite, yy, -np.inf), starts)
+    none = counts == 0  # a bin without a finite sample stays a gap
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = sums / counts
+    mean[none] = lo[none] = hi[none] = np.nan
+    return Binned(np.add.reduceat(tt, starts) / sizes, mean, lo, hi, per_bin)

@@ -26,6 +26,11 @@ DPI = 110
 _SLO_COLOR = "#b3261e"
 
 
+def _plain() -> FuncFormatter:
+    """Tick labels as plain numbers (0.01, 1, 1e+03): no mathtext to parse and typeset."""
+    return FuncFormatter(lambda x, _pos: f"{x:g}")
+
+
 def _panel(ax: Any, panel: dict[str, Any]) -> None:
     for label, x, y in panel["lines"]:
         ax.plot(x, y, label=label)
@@ -34,12 +39,13 @@ def _panel(ax: Any, panel: dict[str, Any]) -> None:
         ax.axvline(vline[0], color=_SLO_COLOR, linestyle="--", linewidth=1.2, label=vline[1])
     if panel.get("xlog"):
         ax.set_xscale("log")
-        # decades labelled as plain numbers (0.01, 1, 10: no mathtext to typeset), the minor
-        # ticks unlabelled (their labels overlap on short ranges)
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+        # decades labelled as plain numbers (0.01, 1, 10), the minor ticks unlabelled (their
+        # labels overlap on short ranges)
+        ax.xaxis.set_major_formatter(_plain())
         ax.xaxis.set_minor_formatter(NullFormatter())
     if panel.get("ysymlog"):
         ax.set_yscale("symlog")
+        ax.yaxis.set_major_formatter(_plain())
     if panel.get("ylim") is not None:
         ax.set_ylim(*panel["ylim"])
     if panel.get("title"):

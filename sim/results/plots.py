@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import plot_worker
+from .columns import Categorical
 from .downsample import downsample
 from .files import Output, write_bytes
 
@@ -42,8 +43,11 @@ def _line(ts: Any, col: str, label: str) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 def plot_data(result: Result) -> list[dict[str, Any]]:
-    """The run's figures as :mod:`.plot_draw` describes them (plain arrays and strings)."""
-    req, ts = result.requests, result.timeseries
+    """The run's figures as :mod:`.plot_draw` describes them (plain arrays and strings), from
+    the result's columns (no DataFrame: a run that plots need not import pandas)."""
+    req, ts = result.request_table, result.timeseries_table
+    classes = req.columns["traffic_class"]
+    assert isinstance(classes, Categorical)
     slo = result.scenario.slo
     panels = []
     for col, title, limit in (
@@ -52,9 +56,10 @@ def plot_data(result: Result) -> list[dict[str, Any]]:
         ("e2e_s", "E2E latency", slo.e2e_s),
     ):
         lines = []
-        for cls in req["traffic_class"].cat.categories:
-            lines += _cdf(req.loc[req["traffic_class"] == cls, col], str(cls))
-        lines += _cdf(req[col], "all")
+        values = req[col]
+        for code, cls in enumerate(classes.categories):
+            lines += _cdf(values[classes.codes == code], str(cls))
+        lines += _cdf(values, "all")
         panels.append(
             {
                 "lines": lines,
