@@ -206,6 +206,22 @@ class AllToAll:
         transfer = tokens_per_rank * max(out_b / bw_out, up_b / bw_up)
         return (self._latency + transfer) * self._layers[phase]
 
+    def packed(self, phase: Phase) -> tuple[int, float, float, int, float, float, float]:
+        """The phase's exchange as plain numbers for a compiled step: (EP width, latency per
+        layer, seconds per token per layer, layers, permute seconds per token per layer, SM
+        share, dispatch share) — :meth:`time` is (latency + tokens × per token) × layers."""
+        mode = PHASE_MODE[phase]
+        (out_b, up_b), (bw_out, bw_up) = self._bytes[mode], self._bw[mode]
+        return (
+            self.ep,
+            self._latency,
+            max(out_b / bw_out, up_b / bw_up),
+            self._layers[phase],
+            self._permute_s[mode],
+            self._sm_share[mode],
+            self.dispatch_share,
+        )
+
     def permute_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """The engine's permutes around the phase's exchanges over all MoE layers, for a rank
         receiving ``tokens_per_rank`` tokens' worth of expert rows (``k`` rows per token)."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from .. import fpmath
 from ..errors import ConfigError
-from ..jit import COMPILED, exp, njit, power
+from ..jit import COMPILED, exp, njit, pairwise_sum, power, sum_block
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
@@ -128,6 +128,7 @@ class ProfileStepCost(StepCost):
         self._dec_ctx = 0.0
         self._dec_query = 0.0
         self._dec_packed: tuple[Any, ...] | None = None  # for the compiled decode_dense_max
+        self._dec_step: tuple[Any, ...] | None = None  # for the compiled decode_step_packed
         for kind, n in counts.items():
             c = coef_of(coefs.decode, kind, "decode")
             self._dec.append((n, c.w, c.b, c.tile, np.asarray(c.steps, dtype=float)))
@@ -254,6 +255,40 @@ class ProfileStepCost(StepCost):
         if self._dec_packed is None:
             self._dec_packed = self._pack_decode()
         return float(decode_dense_max_compiled(batch, kv, tokens, *self._dec_packed))
+
+    def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
+        if not COMPILED:
+            return super().decode_step_packed(load, imbalance)
+        if self._dec_step is None:
+            self._dec_step = self._pack_decode_step()
+        return float(decode_step_compiled(load, imbalance, *self._dec_step))
+
+    def _pack_decode_step(self) -> tuple[Any, ...]:
+        """What :func:`decode_step_compiled` takes besides the load: the shape, the dense
+        layers' coefficients, the all-reduces, the routed experts' fit, the exchange and the
+        step's composition, as plain numbers in the reference's terms."""
+        if self._dec_packed is None:
+            self._dec_packed = self._pack_decode()
+        shape = self.shape
+        ph: Phase = "decode"
+        tp = (self._tp_layers[ph], self._tp_alpha, self._tp_beta, shape.tp)
+        moe = (
+            *self._moe_fit[ph],
+            self._top_k,
+            self._moe_experts,
+            self._moe_host[ph],
+            self._moe_layers[ph],
+        )
+        compose = (shape.two_batch_overlap, self.step_overhead_s, self.comm_overlap)
+        return (
+            sum_block(),
+            self._dec_packed,
+            tp,
+            (shape.replicated_tokens, shape.expert_groups),
+            moe,
+            self._a2a.packed(ph),
+            compose,
+        )
 
     def _pack_decode(self) -> tuple[Any, ...]:
         """:meth:`decode_dense`'s coefficients as :func:`decode_dense_max_compiled` takes
@@ -392,3 +427,59 @@ def moe_s_compiled(
     m = w if w > g else g
     both = m * power(power(w / m, k) + power(g / m, k), 1.0 / k) if m > 0 else 0.0
     return (a + host + both) * layers
+
+
+@njit
+def decode_step_compiled(
+    load: np.ndarray,
+    imbalance: float,
+    block: int,
+    dec: tuple[Any, ...],
+    tp: tuple[int, float, float, int],
+    experts: tuple[bool, int],
+    moe: tuple[Any, ...],
+    a2a: tuple[int, float, float, int, float, float, float],
+    compose: tuple[bool, float, float],
+) -> float:
+    """:meth:`StepCost.decode_step_packed` of a :class:`ProfileStepCost` (its parts packed by
+    ``_pack_decode_step``), compiled: the slowest rank's dense time with the all-reduces, the
+    routed experts at the hottest expert group's load and the exchange, composed as
+    :meth:`StepCost.compose_step` does — the same operations in the same order (``block``: how
+    numpy sums, :func:`~deepinfer_sim.jit.sum_block`)."""
+    tbo, overhead, overlap = compose
+    if tbo:  # each micro-batch: half of every row
+        batch, kv, tokens = load[0] * 0.5, load[1] * 0.5, load[2] * 0.5
+    else:
+        batch, kv, tokens = load[0], load[1], load[2]
+    dense = decode_dense_max_compiled(batch, kv, tokens, *dec)
+    sent_max = tokens.max()
+    tp_layers, tp_alpha, tp_beta, tp_width = tp
+    if not (sent_max <= 0 or tp_width == 1):
+        dense += tp_layers * (tp_alpha + tp_beta * sent_max)
+    replicated, groups = experts
+    received = imbalance * pairwise_sum(tokens, block) / groups
+    a, e, f, tile, k, top_k, n_experts, host, moe_layers = moe
+    routed = 0.0
+    if received > 0:
+        routed = moe_s_compiled(received, a, e, f, tile, k, top_k, n_experts, host, moe_layers)
+    comm = 0.0
+    ep, latency, per_token, a2a_layers, permute, share, dispatch_share = a2a
+    if not replicated:
+        if received > 0:
+            routed = routed + received * permute * a2a_layers
+        sent = max(sent_max / tp_width, received)
+        if not (ep <= 1 or sent <= 0):
+            comm = (latency + sent * per_token) * a2a_layers
+    if tbo:
+        d = dispatch_share * comm
+        c = comm - d
+        return (
+            overhead
+            + max(c, dense + share * c)
+            + max(d, dense + share * d)
+            + max(d, routed + share * d)
+            + max(c, routed + share * c)
+        )
+    compute = dense + routed
+    hidden = min(comm, overlap * compute)
+    return overhead + compute + (comm - hidden) + share * hidden

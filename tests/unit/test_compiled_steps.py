@@ -161,12 +161,15 @@ def test_advance_compiled_is_the_reference() -> None:
         [],  # V4.1-Flash: two attention kinds, GEMM staircases
         ["model=deepseek-v3", "pools.decode.tp=8", "pools.decode.ep=8"],  # tiled verify, linear
         ["model=deepseek-v3", "pools.decode.tp=4", "pools.decode.ep=16"],
+        ["pools.decode.two_batch_overlap=true"],
     ],
 )
 def test_profile_costs_compiled_are_the_reference(overrides: list[str], monkeypatch) -> None:
     """The profile cost model's compiled slowest-rank time against its numpy decode_dense,
-    over ranks with empty slots, verify lengths and the fits' GEMM staircases; and its compiled
-    routed-expert time against the Python one."""
+    over ranks with empty slots, verify lengths and the fits' GEMM staircases; its compiled
+    routed-expert time against the Python one; and its compiled decode step against
+    StepCost's (exchange hidden in part, replicated tokens, tensor parallelism, two-batch
+    overlap, idle groups)."""
     sc = load_scenario("default", overrides)
     model, hw = load_model(sc.model), load_hardware(sc.hardware_kinds()["decode"])
     pool = sc.pools.decode
@@ -179,14 +182,20 @@ def test_profile_costs_compiled_are_the_reference(overrides: list[str], monkeypa
         tokens = batch * rng.choice([1.0, 2.0, 3.4, 6.0], pool.ep)
         kv = batch * rng.uniform(0, 20_000, pool.ep)
         moe_tokens = float(rng.choice([0.5, 3.0, 117.0, 4096.0, 70_000.0]) * rng.random())
+        load = np.stack([batch, kv, tokens, tokens * kv / np.maximum(batch, 1.0)])
+        if rng.random() < 0.05:
+            load[:] = 0.0  # a group with nothing to run
+        imbalance = float(rng.choice([1.0, 1.09, 3.2]))
         compiled = (
             cost.decode_dense_max(batch, kv, tokens),
             [cost.moe_s(moe_tokens, phase) for phase in ("prefill", "decode")],
+            cost.decode_step_packed(load, imbalance),
         )
         monkeypatch.setattr("deepinfer_sim.models.profile_cost.COMPILED", False)
         reference = (
             cost.decode_dense_max(batch, kv, tokens),
             [cost.moe_s(moe_tokens, phase) for phase in ("prefill", "decode")],
+            cost.decode_step_packed(load, imbalance),
         )
         monkeypatch.setattr("deepinfer_sim.models.profile_cost.COMPILED", True)
         assert compiled == reference
