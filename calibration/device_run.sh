@@ -24,7 +24,9 @@
 # parallelism, one calibrate per name in $SLICES, default V3 and V4.1-Flash at TP 2, 4, 8;
 # $OUT/slices.tar.gz holds a profile per slice), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
-# (calibration/mixed_contexts.py: uniform vs mixed lengths), sizes (calibration/prefill_sizes.py:
+# (calibration/mixed_contexts.py: uniform vs mixed lengths), layerkernels (the kernels of one
+# decode step of an attention block, calibration/layer_kernels.py, for each model in
+# $LAYER_KERNELS_MODELS, default V3 and its TP8 slice, at $LAYER_KERNELS_BATCH), sizes (calibration/prefill_sizes.py:
 # prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
@@ -100,6 +102,10 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
     prefillv3) run 400 prefillv3 $P.calibration.moe_split measure --parts prefill \
         --out "$OUT/${PREFILL_OUT:-prefill_v3}.json" \
         --models "${PREFILL_MODELS:-deepseek-v3,deepseek-v3@tp8,deepseek-v3@tp4,deepseek-v3@tp2}" ;;
+    layerkernels) for m in ${LAYER_KERNELS_MODELS:-deepseek-v3 deepseek-v3@tp8}; do
+        run 120 "layerkernels $m" $P.calibration.layer_kernels --model "$m" \
+          --batch "${LAYER_KERNELS_BATCH:-1,8,64}" --context 4096 \
+          --out "$OUT/layer_kernels_${m//@/_}.json"; done ;;
     moewhole) run 400 moewhole $P.calibration.moe_split measure --parts moe_whole \
         --out "$OUT/${MOE_WHOLE_OUT:-moe_whole}.json" --models "${MOE_WHOLE_MODELS:-$SLICE_MODELS}" ;;
     moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \

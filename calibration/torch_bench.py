@@ -259,6 +259,14 @@ class TorchBench:
     ) -> float:
         """One layer's decode of ``batch`` sequences of mean context ``context`` (``spread``: their
         lengths spread evenly over context · (1 ± spread), see ``spread_contexts``)."""
+        call, reset_and_plan = self.decode_call(kind, batch, context, verify, spread)
+        return self._measure("decode", call, reset_and_plan)
+
+    def decode_call(
+        self, kind: str, batch: int, context: int, verify: int, spread: float = 0.0
+    ) -> tuple[Callable[[], object], Callable[[], None]]:
+        """:meth:`decode`'s timed call and what readies it before each (the caches refilled to
+        their lengths, the step planned), for a caller that times or profiles it itself."""
         block = self._block(kind)
         lengths = spread_contexts(batch, context, spread)
         if kind not in self._decode_pools:
@@ -288,11 +296,7 @@ class TorchBench:
                 plan.sched = holder.setdefault("sched", plan.sched)
             holder["plan"] = plan
 
-        return self._measure(
-            "decode",
-            lambda: block.decode(x, pool, holder["plan"]),
-            reset_and_plan,
-        )
+        return (lambda: block.decode(x, pool, holder["plan"])), reset_and_plan
 
     def _measure(
         self,
