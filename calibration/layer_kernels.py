@@ -3,7 +3,8 @@
 A layer's decode time on the calibration grid (``TorchBench.decode``) is the block's whole call,
 replayed as a CUDA graph. This lists what that call launches — each kernel's name, how many
 times and for how long (``torch.profiler``, one eager call after a warm-up; the CPU's operators
-where there is no GPU) — so a layer's fixed cost can be read kernel by kernel: which part is the
+where there is no GPU) beside the grid's own timing of the call — so a layer's fixed cost can be
+read kernel by kernel: which part is the
 layer's own work and which is work an engine does once per step for every layer (index tensors,
 the attention kernel's scheduler metadata).
 
@@ -36,8 +37,12 @@ def profile_call(fn: Any, cuda: bool) -> list[dict[str, Any]]:
             import torch
 
             torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
     rows = []
     for ev in prof.key_averages():
+        if cuda and ev.device_type != DeviceType.CUDA:
+            continue  # an operator's row: its kernels have rows of their own
         us = ev.device_time_total if cuda else ev.self_cpu_time_total
         if us > 0:
             rows.append({"name": ev.key[:120], "calls": ev.count, "us": round(float(us), 2)})
@@ -72,6 +77,8 @@ def layer_kernels(
                 "batch": batch,
                 "launches": sum(r["calls"] for r in rows),
                 "us": round(sum(r["us"] for r in rows), 2),
+                # the calibration grid's own measure of the same call (a CUDA graph's replay)
+                "timed_us": round(bench.decode(kind, batch, context, verify) * 1e6, 2),
                 "kernels": rows,
             }
         )
@@ -122,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     for step in res["steps"]:
-        print(f"batch {step['batch']}: {step['launches']} launches, {step['us']:.1f} us")
+        print(
+            f"batch {step['batch']}: {step['launches']} launches, {step['us']:.1f} us"
+            f" ({step['timed_us']:.1f} us timed)"
+        )
         for r in step["kernels"][:25]:
             print(f"  {r['us']:9.1f} us  x{r['calls']:<3d} {r['name']}")
     return 0

@@ -20,6 +20,7 @@ def test_the_cpu_lists_the_blocks_operators_per_batch(tmp_path: Path) -> None:
     for step in res["steps"]:
         rows = step["kernels"]
         assert rows and step["launches"] == sum(r["calls"] for r in rows)
+        assert step["timed_us"] > 0
         assert step["us"] > 0 and [r["us"] for r in rows] == sorted(
             (r["us"] for r in rows), reverse=True
         )
