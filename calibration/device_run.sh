@@ -26,7 +26,9 @@
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), layerkernels (the kernels of one
 # decode step of an attention block, calibration/layer_kernels.py, for each model in
-# $LAYER_KERNELS_MODELS, default V3 and its TP8 slice, at $LAYER_KERNELS_BATCH), sizes (calibration/prefill_sizes.py:
+# $LAYER_KERNELS_MODELS, default V3 and its TP8 slice, at $LAYER_KERNELS_BATCH), layersched
+# (the same for V3 and its TP8 slice, FlashMLA's scheduler metadata once per step and, with
+# DEEPINFER_MLA_SCHED=layer, in every layer), sizes (calibration/prefill_sizes.py:
 # prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
@@ -106,6 +108,12 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
         run 120 "layerkernels $m" $P.calibration.layer_kernels --model "$m" \
           --batch "${LAYER_KERNELS_BATCH:-1,8,64}" --context 4096 \
           --out "$OUT/layer_kernels_${m//@/_}.json"; done ;;
+    layersched) for m in deepseek-v3 deepseek-v3@tp8; do  # V3's decode layer with FlashMLA's
+        # scheduler metadata per step (shared) and per layer (DEEPINFER_MLA_SCHED=layer)
+        run 120 "layersched $m" $P.calibration.layer_kernels --model "$m" --batch 1,8,64 \
+          --context 4096 --out "$OUT/sched_step_${m//@/_}.json"
+        DEEPINFER_MLA_SCHED=layer run 120 "layersched $m per layer" $P.calibration.layer_kernels \
+          --model "$m" --batch 1,8,64 --context 4096 --out "$OUT/sched_layer_${m//@/_}.json"; done ;;
     moewhole) run 400 moewhole $P.calibration.moe_split measure --parts moe_whole \
         --out "$OUT/${MOE_WHOLE_OUT:-moe_whole}.json" --models "${MOE_WHOLE_MODELS:-$SLICE_MODELS}" ;;
     moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \

@@ -108,6 +108,18 @@ def _gather(cache: Model1Cache, idx: torch.Tensor, limit: torch.Tensor | None):
     return vals, valid
 
 
+def _scheduler_metadata(fm: Any, sched: dict[Any, Any] | None, key: Any) -> Any:
+    """FlashMLA's tile-scheduler metadata for a decode call: ``sched``'s under ``key`` when a
+    layer of this step made it (it depends on shapes and lengths only), else a new one, kept
+    there for the next layer (engines compute it once per step)."""
+    if sched is not None and key in sched:
+        return sched[key]
+    meta, _ = fm.get_mla_metadata()
+    if sched is not None:
+        sched[key] = meta
+    return meta
+
+
 def sparse_decode(
     q: torch.Tensor,
     cache: Model1Cache,
@@ -127,12 +139,7 @@ def sparse_decode(
     b, s_q, h, d = q.shape
     if _use_kernel(q.device, d, h):
         fm = _module()
-        if sched is not None and sched_key in sched:
-            meta = sched[sched_key]
-        else:
-            meta, _ = fm.get_mla_metadata()
-            if sched is not None:
-                sched[sched_key] = meta
+        meta = _scheduler_metadata(fm, sched, sched_key)
         out, _ = fm.flash_mla_with_kvcache(
             _pad_heads(q, 2),
             cache.kernel_view(),
@@ -213,14 +220,17 @@ def dense_decode(
     sm_scale: float,
     causal: bool,
     d_v: int = 512,
+    sched: dict[Any, Any] | None = None,
+    sched_key: Any = None,
 ) -> torch.Tensor:
     """``q [B, s_q, H, d]`` over a paged bf16 cache ``kcache [blocks, 64, 1, d]``; sequence b holds
     ``seqlens[b]`` tokens in the blocks ``block_table[b]`` names, its last ``s_q`` being the
-    queries' own (causal among them). Returns ``[B, s_q, H, d_v]`` bf16."""
+    queries' own (causal among them). Returns ``[B, s_q, H, d_v]`` bf16. ``sched``: as
+    :func:`sparse_decode`'s, FlashMLA's scheduler metadata kept for the step's other layers."""
     b, s_q, h, d = q.shape
     if _use_kernel(q.device, d, h):
         fm = _module()
-        meta, _ = fm.get_mla_metadata()
+        meta = _scheduler_metadata(fm, sched, sched_key)
         out, _ = fm.flash_mla_with_kvcache(
             q,
             kcache,

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -89,6 +90,9 @@ class MLADecodePlan(DevicePlan):
     """An MLA decode step's device inputs plus the page-table width (a graph's shape)."""
 
     page_cap: int = 1
+    # FlashMLA's scheduler metadata, made by the step's first layer and reused by the others
+    # (as the V4 blocks' plans share theirs), shared by the step's plans
+    sched: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def graph_key(self) -> tuple[int, ...]:
@@ -101,7 +105,9 @@ class MLADecodePlan(DevicePlan):
         slots, lengths, slots_t, lengths_t = cls.inputs(pool, seqs, v, pool.device, share)
         need = int((lengths + v).max()) if slots.size else 1
         cap = min(pool.pages_per_seq, -(-need // PAGE))
-        return cls(slots, lengths, v, slots_t, lengths_t, cap)
+        shared = isinstance(share, MLADecodePlan) and share.slots_t is slots_t
+        sched = share.sched if shared and isinstance(share, MLADecodePlan) else {}
+        return cls(slots, lengths, v, slots_t, lengths_t, cap, sched)
 
 
 class MLABlock(LayerBlock):
@@ -256,6 +262,10 @@ class MLABlock(LayerBlock):
             self.scale,
             causal=v > 1,
             d_v=s.kv_lora,
+            # DEEPINFER_MLA_SCHED=layer: every layer makes its own (the block as it was, a
+            # calibration's baseline on the same GPU)
+            sched=None if os.environ.get("DEEPINFER_MLA_SCHED") == "layer" else plan.sched,
+            sched_key=("mla", plan.page_cap),
         )  # [B, v, H, kv_lora]
         o = torch.bmm(out.reshape(B * v, H, -1).transpose(0, 1), self.w_uv_t.to(dt))  # [H,T,v]
         return o.transpose(0, 1)

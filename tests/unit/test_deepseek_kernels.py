@@ -191,6 +191,46 @@ def test_decode_plans_of_one_step_share_their_device_tensors():
     assert isinstance(first, DSDecodePlan)
 
 
+def test_mla_plans_of_one_step_share_flashmlas_scheduler_metadata(monkeypatch):
+    """V3's layers of one decode step share FlashMLA's scheduler metadata, as the V4 blocks'
+    do: the step's first layer makes it, the others reuse it (engines compute it once per
+    step); a plan of another step starts afresh. FlashMLA stands in, counting what it makes."""
+    from deepinfer_sim.kernels.deepseek import flashmla
+
+    made = []
+
+    class FakeFlashMLA:
+        @staticmethod
+        def get_mla_metadata():
+            made.append(object())
+            return made[-1], None
+
+        @staticmethod
+        def flash_mla_with_kvcache(q, kcache, table, seqlens, d_v, meta, *_, **__):
+            assert meta is made[-1]
+            return q.new_zeros((*q.shape[:3], d_v)), None
+
+    monkeypatch.setattr(flashmla, "_use_kernel", lambda *a: True)
+    monkeypatch.setattr(flashmla, "_module", lambda: FakeFlashMLA)
+    blocks = [
+        get_backend("deepseek").attention_block(MLA, "mla", "cpu", False, seed=i) for i in range(3)
+    ]
+    pools = [b.new_pool(2, 200) for b in blocks]
+    for p in pools:
+        p.alloc(0)
+        p.fill_random(0, 70)
+    x = torch.randn((1, 1, MLA.hidden), generator=torch.Generator().manual_seed(3))
+    first = blocks[0].plan_decode(pools[0], [0], 1)
+    rest = zip(blocks[1:], pools[1:], strict=True)
+    plans = [first] + [b.plan_decode(p, [0], 1, share=first) for b, p in rest]
+    assert all(p.sched is first.sched for p in plans)
+    for b, p, plan in zip(blocks, pools, plans, strict=True):
+        b.decode(x, p, plan)
+    assert len(made) == 1 and list(first.sched) == [("mla", first.page_cap)]
+    blocks[0].decode(x, pools[0], blocks[0].plan_decode(pools[0], [0], 1))  # the next step
+    assert len(made) == 2
+
+
 def test_engine_core_runs_on_the_deepseek_backend():
     eng = EngineCore(
         SHAPE,
