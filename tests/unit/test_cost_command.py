@@ -307,7 +307,7 @@ def test_a_prefix_costs_attention_not_throughput_accounting(sc):
     [
         ("sglang-v3-h100-96gpu", "1", "prefill"),
         ("sglang-v3-h100-96gpu", "2", "prefill"),
-        ("sglang-v3-h100-96gpu", "5", "decode"),
+        ("sglang-v3-h100-96gpu", "6", "decode"),
         ("sglang-v3-h100-96gpu", "decode, batch 256 per GPU, 2K context, EP72", "decode"),
         # a case with its own `set` (DP attention: pools.prefill.tp=1), once ignored by --case
         ("gpustack-r1-h200", "2", "prefill"),
@@ -359,8 +359,8 @@ def test_a_published_case_file_is_a_scenario_everywhere(cli):
         ("sglang-v3-h100-96gpu", ["--case", "decode"], "no such case"),
         ("default", ["--case", "1"], "not a published case file"),
         ("sglang-v3-h100-96gpu", ["--case", "1", "--prompt", "8"], "--prompt: --case sets"),
-        ("sglang-v3-h100-96gpu", ["--case", "5", "--pool", "prefill"], "is a decode case"),
-        ("sglang-v3-h100-96gpu", ["--case", "5", "--max-batch", "64"], "--max-batch: --case"),
+        ("sglang-v3-h100-96gpu", ["--case", "6", "--pool", "prefill"], "is a decode case"),
+        ("sglang-v3-h100-96gpu", ["--case", "6", "--max-batch", "64"], "--max-batch: --case"),
         ("default", ["--prefix", "8", "--batch", "4", "--context", "8"], "--prefix does not"),
     ],
 )
