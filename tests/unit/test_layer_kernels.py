@@ -11,11 +11,11 @@ from deepinfer_sim.calibration import layer_kernels
 
 def test_the_cpu_lists_the_blocks_operators_per_batch(tmp_path: Path) -> None:
     out = tmp_path / "kernels.json"
-    args = ["--model", "deepseek-v3", "--device", "cpu", "--hardware", "h200"]
+    args = ["--model", "deepseek-v3@tp8", "--device", "cpu", "--hardware", "h200"]
     args += ["--batch", "1,3", "--context", "128", "--out", str(out)]
     assert layer_kernels.main(args) == 0
     res = json.loads(out.read_text())
-    assert res["model"] == "deepseek-v3" and res["kind"] == "mla" and res["device"] == "cpu"
+    assert res["model"] == "deepseek-v3@tp8" and res["kind"] == "mla" and res["device"] == "cpu"
     assert [s["batch"] for s in res["steps"]] == [1, 3]
     for step in res["steps"]:
         rows = step["kernels"]
