@@ -24,9 +24,10 @@ from typing import Any
 from ..errors import UserError
 
 
-def profile_call(fn: Any, cuda: bool) -> list[dict[str, Any]]:
+def profile_call(fn: Any, cuda: bool, kernels_only: bool = True) -> list[dict[str, Any]]:
     """Each kernel (on a GPU; operator on the CPU) of one call of ``fn``: name, calls and
-    microseconds, largest first (``fn`` is called once before, to warm it up)."""
+    microseconds, largest first (``fn`` is called once before, to warm it up). On a GPU,
+    ``kernels_only=False`` keeps the operators' rows too, each holding its kernels' time."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -41,7 +42,7 @@ def profile_call(fn: Any, cuda: bool) -> list[dict[str, Any]]:
 
     rows = []
     for ev in prof.key_averages():
-        if cuda and ev.device_type != DeviceType.CUDA:
+        if cuda and kernels_only and ev.device_type != DeviceType.CUDA:
             continue  # an operator's row: its kernels have rows of their own
         us = ev.device_time_total if cuda else ev.self_cpu_time_total
         if us > 0:

@@ -59,6 +59,7 @@ from ..models.profile import (
 )
 from ..models.registry import load_model
 from .fit import PrefillForm
+from .layer_kernels import profile_call
 from .sweep import (
     Grid,
     Measurements,
@@ -78,19 +79,9 @@ PREFILL_FORMS_SHIPPED: tuple[PrefillForm, ...] = ("smooth", "prefix")
 
 
 def _kernels(fn: Any, cuda: bool, top: int = 14) -> list[dict[str, Any]]:
-    """Each kernel's device time (CPU time off the GPU) in one call of ``fn``, largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        fn()
-    rows = []
-    for ev in prof.key_averages():
-        us = ev.device_time_total if cuda else ev.self_cpu_time_total
-        if us > 0:
-            rows.append({"name": ev.key[:100], "calls": ev.count, "us": round(float(us), 1)})
-    return sorted(rows, key=lambda r: -r["us"])[:top]
+    """Each kernel's device time (CPU time off the GPU) in one call of ``fn``, largest first,
+    operators' rows among them."""
+    return profile_call(fn, cuda, kernels_only=False)[:top]
 
 
 def measure_model(

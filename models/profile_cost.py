@@ -252,9 +252,7 @@ class ProfileStepCost(StepCost):
     def decode_dense_max(self, batch: np.ndarray, kv: np.ndarray, tokens: np.ndarray) -> float:
         if not COMPILED:
             return super().decode_dense_max(batch, kv, tokens)
-        if self._dec_packed is None:
-            self._dec_packed = self._pack_decode()
-        return float(decode_dense_max_compiled(batch, kv, tokens, *self._dec_packed))
+        return float(decode_dense_max_compiled(batch, kv, tokens, *self._decode_coefs()))
 
     def decode_step_packed(self, load: np.ndarray, imbalance: float = 1.0) -> float:
         if not COMPILED:
@@ -267,8 +265,6 @@ class ProfileStepCost(StepCost):
         """What :func:`decode_step_compiled` takes besides the load: the shape, the dense
         layers' coefficients, the all-reduces, the routed experts' fit, the exchange and the
         step's composition, as plain numbers in the reference's terms."""
-        if self._dec_packed is None:
-            self._dec_packed = self._pack_decode()
         shape = self.shape
         ph: Phase = "decode"
         tp = (self._tp_layers[ph], self._tp_alpha, self._tp_beta, shape.tp)
@@ -282,13 +278,19 @@ class ProfileStepCost(StepCost):
         compose = (shape.two_batch_overlap, self.step_overhead_s, self.comm_overlap)
         return (
             sum_block(),
-            self._dec_packed,
+            self._decode_coefs(),
             tp,
             (shape.replicated_tokens, shape.expert_groups),
             moe,
             self._a2a.packed(ph),
             compose,
         )
+
+    def _decode_coefs(self) -> tuple[Any, ...]:
+        """:meth:`_pack_decode`, packed once."""
+        if self._dec_packed is None:
+            self._dec_packed = self._pack_decode()
+        return self._dec_packed
 
     def _pack_decode(self) -> tuple[Any, ...]:
         """:meth:`decode_dense`'s coefficients as :func:`decode_dense_max_compiled` takes

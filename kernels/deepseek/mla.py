@@ -105,8 +105,7 @@ class MLADecodePlan(DevicePlan):
         slots, lengths, slots_t, lengths_t = cls.inputs(pool, seqs, v, pool.device, share)
         need = int((lengths + v).max()) if slots.size else 1
         cap = min(pool.pages_per_seq, -(-need // PAGE))
-        shared = isinstance(share, MLADecodePlan) and share.slots_t is slots_t
-        sched = share.sched if shared and isinstance(share, MLADecodePlan) else {}
+        sched = cls.step_sched(share, slots_t)
         return cls(slots, lengths, v, slots_t, lengths_t, cap, sched)
 
 

@@ -11,6 +11,7 @@ replay serves every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,15 @@ class DevicePlan:
         if isinstance(share, DevicePlan) and share.v == v and np.array_equal(share.slots, slots):
             return slots, lengths, share.slots_t, share.lengths_t
         return slots, lengths, to_device(slots, device), to_device(lengths, device)
+
+    @classmethod
+    def step_sched(cls, share: object, slots_t: torch.Tensor) -> dict[Any, Any]:
+        """The scheduler-metadata store of the step ``share`` plans (a plan of this class with
+        the same slot tensor), or a new one: FlashMLA's metadata is made by a step's first layer
+        and reused by the others."""
+        if isinstance(share, cls) and share.slots_t is slots_t:
+            return share.sched  # type: ignore[attr-defined]
+        return {}
 
     def update(self, pool: SlotBook, seqs: np.ndarray) -> None:
         """Refill the device tensors in place for another step of the same shape (graphs)."""

@@ -129,8 +129,7 @@ class DSDecodePlan(DevicePlan):
         cls, pool: DSPool, seqs: np.ndarray | list[int], v: int, share: object = None
     ) -> DSDecodePlan:
         slots, lengths, slots_t, lengths_t = cls.inputs(pool, seqs, v, pool.device, share)
-        shared = isinstance(share, DSDecodePlan) and share.slots_t is slots_t
-        sched = share.sched if shared and isinstance(share, DSDecodePlan) else {}
+        sched = cls.step_sched(share, slots_t)
         caps: dict[int, int] = {}
         if pool.m:
             need = int(((lengths + v - 1) // pool.m).max()) if slots.size else 0
