@@ -131,6 +131,22 @@ class PrefillPool(ExpertParallelPool):
         description="chunked: quadratic-cost chunks within the time and token budgets; "
         "whole: first come, first served, whole prompts within the token budget",
     )
+    gemm_sms: Literal["shared", "reserved"] = Field(
+        "shared",
+        description="with two_batch_overlap, whose normal-mode exchange holds SMs: 'reserved' "
+        "runs every GEMM of the overlapped step on the SMs the exchange leaves, whether an "
+        "exchange runs beside it or not (SGLang: DeepGEMM on the SMs less DeepEP's for the "
+        "whole forward); 'shared' slows compute only while an exchange runs beside it",
+    )
+
+    @model_validator(mode="after")
+    def _reservation_needs_overlap(self) -> PrefillPool:
+        if self.gemm_sms == "reserved" and not self.two_batch_overlap:
+            raise ValueError(
+                "gemm_sms 'reserved' needs two_batch_overlap (it is how an overlapped step "
+                "shares the SMs)"
+            )
+        return self
 
     @property
     def gpus(self) -> int:

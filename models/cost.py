@@ -183,6 +183,7 @@ class PoolShape:
     two_batch_overlap: bool = False  # see StepCost.compose_tbo
     tp: int = 1
     moe_tp: int = 1
+    reserved_gemm_sms: bool = False  # GEMMs on the SMs the exchange leaves (compose_tbo)
 
     def __post_init__(self) -> None:
         for name in ("tp", "moe_tp"):
@@ -307,7 +308,12 @@ class StepCost(ABC):
         return self.step_overhead_s + compute + (comm - hidden) + stolen
 
     def compose_tbo(
-        self, dense_half: float, moe_half: float, comm_half: float, phase: Phase
+        self,
+        dense_half: float,
+        moe_half: float,
+        comm_half: float,
+        phase: Phase,
+        gemm: tuple[float, float] | None = None,
     ) -> float:
         """Two-batch overlap: the step runs as two micro-batches of half the load (fixed costs
         such as weight reads are paid twice — the price at small batches). A layer is attention
@@ -318,23 +324,48 @@ class StepCost(ABC):
         under A's next attention. It is 2·(a + m) with no communication and 2·(d + e) with no
         compute, and longer than 2·max(a + m, d + e) whenever a stage of one stream is not the
         same length as the stage it hides under. An exchange that holds a share s of the SMs
-        slows the compute beside it: a stage of compute c under exchange x lasts max(x, c + s·x)."""
+        slows the compute beside it: a stage of compute c under exchange x lasts max(x, c + s·x).
+
+        A pool whose engine reserves the exchange's SMs for the whole step
+        (``PoolShape.reserved_gemm_sms``: SGLang runs every DeepGEMM call of an overlapped
+        prefill on the SMs DeepEP's leave) runs the GEMM part g of each stage's compute
+        (``gemm``: of a and of m) on 1 − s of the SMs throughout, and the rest o loses its share
+        only beside the exchange: max(x, g / (1 − s) + o + s·min(x, o))."""
         a, m = dense_half, moe_half
         d = self.dispatch_share * comm_half
         e = comm_half - d
         s = self._a2a.sm_share(phase)  # each stage: max(exchange x, compute c + s·x)
+        if gemm is None or s == 0.0 or not self.shape.reserved_gemm_sms:
+            return (
+                self.step_overhead_s
+                + max(e, a + s * e)
+                + max(d, a + s * d)
+                + max(d, m + s * d)
+                + max(e, m + s * e)
+            )
+        ga, gm = gemm
+        oa, om = a - ga, m - gm
+        ga, gm = ga / (1.0 - s), gm / (1.0 - s)
         return (
             self.step_overhead_s
-            + max(e, a + s * e)
-            + max(d, a + s * d)
-            + max(d, m + s * d)
-            + max(e, m + s * e)
+            + max(e, ga + oa + s * min(e, oa))
+            + max(d, ga + oa + s * min(d, oa))
+            + max(d, gm + om + s * min(d, om))
+            + max(e, gm + om + s * min(e, om))
         )
 
-    def compose_step(self, dense: float, moe: float, comm: float, phase: Phase) -> float:
-        """The step from its parts — of one micro-batch under two-batch overlap."""
+    def compose_step(
+        self,
+        dense: float,
+        moe: float,
+        comm: float,
+        phase: Phase,
+        gemm: tuple[float, float] | None = None,
+    ) -> float:
+        """The step from its parts — of one micro-batch under two-batch overlap; ``gemm``: the
+        GEMM parts of ``dense`` and ``moe`` (:meth:`compose_tbo`; None: not split)."""
         if self.shape.two_batch_overlap:
-            return self.compose_tbo(dense, moe, comm, phase)
+            return self.compose_tbo(dense, moe, comm, phase, gemm)
         return self.compose(dense, moe, comm, phase)
 
     def breakdown(
@@ -352,7 +383,7 @@ class StepCost(ABC):
         no attention (so dense_max − context_free is attention); ``permute``: the engine's
         permutes, part of ``moe``; ``tp_comm``: the all-reduces, part of ``dense_max`` (and of
         ``context_free``)."""
-        step = self.compose_step(dense_max, moe, comm, phase)
+        step = self.compose_step(dense_max, moe, comm, phase, (context_free, moe - permute))
         if self.shape.two_batch_overlap:
             dense_max, context_free, moe, comm, permute, tp_comm = (
                 2 * x for x in (dense_max, context_free, moe, comm, permute, tp_comm)
@@ -460,8 +491,12 @@ class StepCost(ABC):
     ) -> float:
         """Step time of a prefill instance whose DP ranks compute the given chunks through the
         prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
-        dense, moe, comm, _ = self._prefill_parts(ranks, imbalance, replay)
-        return self.compose_step(dense, moe, comm, "prefill")
+        dense, moe, comm, permute = self._prefill_parts(ranks, imbalance, replay)
+        gemm = None
+        if self.shape.reserved_gemm_sms:
+            bare = self._prefill_parts(ranks, imbalance, replay, attention=False)[0]
+            gemm = (bare, moe - permute)
+        return self.compose_step(dense, moe, comm, "prefill", gemm)
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
         """(a, b, c, d) of t(n, p) ≈ a + b·n + c·n·p + d·n², the step time of a balanced step

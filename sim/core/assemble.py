@@ -76,7 +76,8 @@ def make_step_cost(
     ref = cm.for_pool(pool)
     cfg = pool_config(sc, pool)
     tbo = pool != "vision" and cfg.two_batch_overlap
-    shape = PoolShape(ep, redundant, tbo, tp=cfg.tp, moe_tp=cfg.moe_tp)
+    reserved = isinstance(cfg, PrefillPool) and cfg.gemm_sms == "reserved"
+    shape = PoolShape(ep, redundant, tbo, tp=cfg.tp, moe_tp=cfg.moe_tp, reserved_gemm_sms=reserved)
     gpu = model.tp_slice(cfg.tp, cfg.moe_tp)  # what one GPU of a rank holds and computes
     if ref == "roofline":
         return RooflineStepCost(gpu, hw, shape, cm.roofline, cm.step)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from deepinfer_sim.errors import ConfigError
 from deepinfer_sim.models.attention import AttentionCost, mla_prefix_flops
 from deepinfer_sim.models.comm import AllToAll, AllToAllParams, routing_spread
 from deepinfer_sim.models.cost import (
@@ -19,6 +20,8 @@ from deepinfer_sim.models.cost import (
 )
 from deepinfer_sim.models.registry import load_hardware, load_model
 from deepinfer_sim.models.spec import compute_class, dtype_bytes
+from deepinfer_sim.scenario import load_scenario
+from deepinfer_sim.sim.core.assemble import make_step_cost
 
 V3 = "deepseek-v3"
 
@@ -181,6 +184,40 @@ def test_two_batch_overlap_in_prefill_pays_the_exchanges_sm_share() -> None:
     )
 
 
+def test_reserved_gemm_sms_run_the_gemms_on_the_sms_the_exchange_leaves_all_step() -> None:
+    """SGLang's overlapped prefill runs DeepGEMM on the SMs DeepEP's leave for the whole step:
+    a stage of compute c = g + o (GEMMs g, other work o) under exchange x lasts
+    max(x, g / (1 - s) + o + s·min(x, o)); without a GEMM split, or in decode (whose
+    low-latency kernels hold no SMs), the shared rule holds; the step with a prefill batch pays
+    it as its parts say (the breakdown's context-free dense time and the experts less permutes)."""
+    s = 20 / 132
+    params = StepParams(step_overhead_s=1e-4, all_to_all=AllToAllParams(normal_sm_share=s))
+    model, hw = load_model(V3), load_hardware("h800")
+    shared = RooflineStepCost(model, hw, PoolShape(32, 0, True), RooflineParams(), params)
+    reserved = RooflineStepCost(
+        model, hw, PoolShape(32, 0, True, reserved_gemm_sms=True), RooflineParams(), params
+    )
+    o = 1e-4
+    a, m, comm, ga, gm = 3.0, 1.0, 0.9, 2.0, 0.8  # d = 0.3, e = 0.6
+    oa, om = a - ga, m - gm
+    g = 1 / (1 - s)
+    expected = o + sum(
+        gemm * g + other + s * min(x, other)
+        for gemm, other, x in ((ga, oa, 0.6), (ga, oa, 0.3), (gm, om, 0.3), (gm, om, 0.6))
+    )
+    assert reserved.compose_tbo(a, m, comm, "prefill", (ga, gm)) == pytest.approx(expected)
+    assert expected > shared.compose_tbo(a, m, comm, "prefill", (ga, gm))
+    for cost in (shared, reserved):
+        assert cost.compose_tbo(a, m, comm, "decode", (ga, gm)) == pytest.approx(o + 2 * (a + m))
+    assert reserved.compose_tbo(a, m, comm, "prefill") == shared.compose_tbo(a, m, comm, "prefill")
+    # exchanges longer than the stretched compute set every stage: both micro-batches' exchanges
+    assert reserved.compose_tbo(0.1, 0.1, 30.0, "prefill", (0.1, 0.1)) == pytest.approx(o + 60.0)
+    ranks = [[(4096, 0)] * 4] * 32
+    bd = reserved.prefill_breakdown(ranks)
+    assert bd.step_s == pytest.approx(reserved.prefill_step(ranks))
+    assert reserved.prefill_step(ranks) > shared.prefill_step(ranks)
+
+
 def test_two_batch_overlap_in_prefill_and_the_packed_decode_path() -> None:
     tbo = roofline(V3, "h800", 32, tbo=True)
     ranks = [[(4096, 0), (4096, 0), (4096, 0), (4096, 0)]] * 32
@@ -224,3 +261,18 @@ def test_nvfp4_and_fractional_redundant_experts() -> None:
     # DeepSeek's decode: 32 redundant experts over 144 GPUs
     assert model.experts_per_gpu(144, 32 / 144) == pytest.approx((256 + 32) / 144)
     assert model.weight_bytes_per_gpu(144, 32 / 144) > model.weight_bytes_per_gpu(144, 0)
+
+
+def test_a_prefill_pool_reserves_gemm_sms_only_with_two_batch_overlap() -> None:
+    """``pools.prefill.gemm_sms: reserved`` reaches the prefill pool's cost model; without
+    two-batch overlap it is refused with a message naming the key."""
+    sc = load_scenario(
+        "default",
+        ["pools.prefill.two_batch_overlap=true", "pools.prefill.gemm_sms=reserved"],
+    )
+    model, pool = load_model(sc.model), sc.pools.prefill
+    hw = load_hardware(pool.hardware)
+    cost = make_step_cost(sc, "prefill", model, hw, pool.ep, pool.redundant_per_gpu)
+    assert cost.shape.reserved_gemm_sms and cost.shape.two_batch_overlap
+    with pytest.raises(ConfigError, match="gemm_sms"):
+        load_scenario("default", ["pools.prefill.gemm_sms=reserved"])
