@@ -28,7 +28,11 @@
 # decode step of an attention block, calibration/layer_kernels.py, for each model in
 # $LAYER_KERNELS_MODELS, default V3 and its TP8 slice, at $LAYER_KERNELS_BATCH), layersched
 # (the same for V3 and its TP8 slice, FlashMLA's scheduler metadata once per step and, with
-# DEEPINFER_MLA_SCHED=layer, in every layer), sizes (calibration/prefill_sizes.py:
+# DEEPINFER_MLA_SCHED=layer, in every layer), decodev3 (the decode attention alone of V3 and
+# its TP slices, $DECODE_MODELS, on the quick grid: moe_split --parts decode with the metadata
+# once per step into $OUT/decode_v3.json, then with DEEPINFER_MLA_SCHED=layer, in every layer,
+# into $OUT/decode_v3_layer.json, the baseline of a moe_split rescale; ~240 s each at most),
+# sizes (calibration/prefill_sizes.py:
 # prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
@@ -114,6 +118,11 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
           --context 4096 --out "$OUT/sched_step_${m//@/_}.json"
         DEEPINFER_MLA_SCHED=layer run 120 "layersched $m per layer" $P.calibration.layer_kernels \
           --model "$m" --batch 1,8,64 --context 4096 --out "$OUT/sched_layer_${m//@/_}.json"; done ;;
+    decodev3) dm=${DECODE_MODELS:-deepseek-v3,deepseek-v3@tp2,deepseek-v3@tp4,deepseek-v3@tp8}
+      run 240 decodev3 $P.calibration.moe_split measure --parts decode \
+        --out "$OUT/decode_v3.json" --models "$dm"
+      DEEPINFER_MLA_SCHED=layer run 240 "decodev3 per layer" $P.calibration.moe_split measure \
+        --parts decode --out "$OUT/decode_v3_layer.json" --models "$dm" ;;
     moewhole) run 400 moewhole $P.calibration.moe_split measure --parts moe_whole \
         --out "$OUT/${MOE_WHOLE_OUT:-moe_whole}.json" --models "${MOE_WHOLE_MODELS:-$SLICE_MODELS}" ;;
     moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \

@@ -10,12 +10,13 @@ shapes, needing only the experts' kernels (no FlashMLA), and merges them into a 
 
     python -m deepinfer_sim.calibration.moe_split measure --out FILE.json [--device cuda]
         [--models deepseek-v4.1-flash,deepseek-v3,...] [--kernels deepseek] [--grid quick]
-        [--parts moe,prefill]
+        [--parts moe,prefill,decode]
     python -m deepinfer_sim.calibration.moe_split merge FILE.json PROFILE.yaml OUT.yaml
         [--keep-whole]
     python -m deepinfer_sim.calibration.moe_split rescale TARGET.json BASE.json NEW.json
         --out OUT.json [--drop-missing]
     python -m deepinfer_sim.calibration.moe_split export PROFILE --models A,B --out FILE.json
+        [--parts moe,prefill,decode]
 
 ``measure`` also lists the kernels of one decode-sized call of each (``torch.profiler``, on the
 GPU), so the share the exchange takes over shows by name. ``merge`` re-fits each measured
@@ -31,8 +32,16 @@ the grid's prefill shapes instead of (or beside) its experts — a kernel change
 no decode, engine or MoE re-timing — and ``merge`` re-fits those prefill fits (forms smooth and
 prefix, as the shipped profile's) and replaces their raw points; ``--parts moe_whole`` times
 only the whole routed call (a change to its routing or combine leaves the experts' own work
-alone). ``rescale`` carries whichever parts all three files timed; ``export`` writes a profile's
-own raw points of some models as a ``measure`` file, the TARGET of a rescale.
+alone). ``--parts decode`` times each model's decode attention block on the grid's decode shapes
+and off-grid shapes (batch × context × verify tokens, as ``calibrate`` times them; FlashMLA on a
+GPU for V3) and ``merge`` re-fits its decode fits (``sweep.fit_attention``, the calibration's
+forms and the model's verify tile) — a change to the decode attention block alone, such as V3's
+block making FlashMLA's scheduler metadata once per step instead of in every layer
+(``DEEPINFER_MLA_SCHED=layer`` restores the old behaviour, the baseline of a rescale), needs no
+prefill, MoE or engine re-timing. ``rescale`` carries whichever parts all three files timed, shape
+by shape on each row's key columns ((experts, tokens), (kind, tokens, prefix), (kind, batch,
+context, verify)); ``export`` writes a profile's own raw points of some models as a ``measure``
+file, the TARGET of a rescale.
 
 A measured model the profile does not hold — an expert-parallel slice,
 ``NAME@tp1-moetpM``, each routed expert narrowed M ways (expert tensor parallelism) — becomes an
@@ -50,6 +59,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..models.profile import (
+    FitError,
     HardwareCoefs,
     ModelFits,
     Profile,
@@ -68,14 +78,27 @@ from .sweep import (
     fit_routed,
     measurements_of,
     raw_of,
+    time_decode,
     time_each,
+    time_prefill,
+    verify_tiles,
 )
 
 MODELS = ("deepseek-v4.1-flash", "deepseek-v3", "deepseek-v4-flash", "deepseek-v4-pro")
 PROFILED = (8, 256)  # (local experts, tokens) of the profiled call: a decode rank's load
 RAW_KEYS = ("moe", "moe_offgrid", "moe_experts", "moe_experts_offgrid")
 PREFILL_KEYS = ("prefill", "prefill_offgrid")
+DECODE_KEYS = ("decode", "decode_offgrid")
 PREFILL_FORMS_SHIPPED: tuple[PrefillForm, ...] = ("smooth", "prefix")
+# each part's raw keys; the attention parts, timed per attention kind by their sweep function
+PART_KEYS = {
+    "moe": RAW_KEYS,
+    "moe_whole": RAW_KEYS[:2],
+    "prefill": PREFILL_KEYS,
+    "decode": DECODE_KEYS,
+}
+ATTENTION = {"prefill": time_prefill, "decode": time_decode}
+ALL_KEYS = tuple(dict.fromkeys(k for keys in PART_KEYS.values() for k in keys))
 
 
 def _kernels(fn: Any, cuda: bool, top: int = 14) -> list[dict[str, Any]]:
@@ -94,24 +117,31 @@ def measure_model(
     parts: tuple[str, ...] = ("moe",),
 ) -> dict[str, Any]:
     """``parts`` of one model: ``moe``, both timings on ``grid``'s MoE shapes and the profiled
-    decode-sized call; ``prefill``, its prefill attention block on the grid's prefill shapes."""
+    decode-sized call; ``prefill`` / ``decode``, its prefill / decode attention block of each
+    kind on the grid's prefill / decode shapes and off-grid shapes, as ``calibrate`` times them
+    (with ``decode``, the verify tiles its fit takes: ``sweep.verify_tiles``)."""
     from .torch_bench import TorchBench
 
-    prefill = "prefill" in parts
+    attention = [part for part in ATTENTION if part in parts]
     bench = TorchBench(
-        device, model, hardware, backend=kernels, repeats=grid.repeats, attention=prefill
+        device,
+        model,
+        hardware,
+        backend=kernels,
+        repeats=grid.repeats,
+        max_prefix=grid.max_prefix,
+        max_chunk=grid.max_chunk,
+        max_batch=grid.max_batch,
+        max_context=grid.max_context,
+        attention=bool(attention),
     )
     bench.warmup()
     m = Measurements()
-    for kind in bench.kinds if prefill else ():
-
-        def pre(n: int, p: int, k: str = kind) -> float:
-            return bench.prefill(k, n, p)
-
-        m.prefill[kind] = time_each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
-        m.prefill_off[kind] = time_each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
-    keys: tuple[str, ...] = PREFILL_KEYS if prefill else ()
-    out: dict[str, Any] = {}
+    for kind in bench.kinds:
+        for part in attention:
+            ATTENTION[part](bench, grid, kind, m, log)
+    keys = tuple(k for part in attention for k in PART_KEYS[part])
+    out: dict[str, Any] = {"verify_tiles": verify_tiles(bench.spec)} if "decode" in parts else {}
     if "moe" in parts or "moe_whole" in parts:
         bench.release_kernels()
         m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
@@ -149,11 +179,12 @@ def merge(
 ) -> Profile:
     """``profile`` with what ``measured`` (``measure``'s output) timed of each model: its
     ``moe`` re-fitted and ``moe_experts`` fitted, its prefill fits re-fitted (forms smooth and
-    prefix, as the shipped profile's); other models and fits are kept. ``keep_whole``: keep the
-    profile's ``moe`` fits and raw points (those its engine replays were checked against) and
-    add only the experts alone."""
+    prefix, as the shipped profile's), its decode fits re-fitted (``_fit_attention``); those
+    parts' fits, fit errors and raw points replaced, other models and fits kept. ``keep_whole``:
+    keep the profile's ``moe`` fits and raw points (those its engine replays were checked
+    against) and add only the experts alone."""
     models = dict(profile.models)
-    done: dict[str, list[str]] = {"moe": [], "moe_experts": [], "prefill": []}
+    done: dict[str, list[str]] = {"moe": [], "moe_experts": [], "prefill": [], "decode": []}
     for name, res in measured.get("models", {}).items():
         new = name not in models
         if new:
@@ -168,13 +199,12 @@ def merge(
             raise UserError(f"{source}: {name}: not moe_split measurements ({exc})") from None
         errors = dict(fits.fit)
         ((hw, coefs),) = fits.hardware.items()
-        update: dict[str, Any] = {}
-        taken: tuple[str, ...] = ()
-        if res["raw"].get("prefill"):
-            update["prefill"], _, attention_errors = fit_attention(m, PREFILL_FORMS_SHIPPED)
-            errors.update(attention_errors)
-            taken += PREFILL_KEYS
-            done["prefill"].append(name)
+        parts = [part for part in ATTENTION if res["raw"].get(part)]
+        update, attention_errors = _fit_attention(m, parts, name, res, source)
+        errors.update(attention_errors)
+        taken = tuple(k for part in parts for k in PART_KEYS[part])
+        for part in parts:
+            done[part].append(name)
         whole = keep_whole and not new  # a new entry's whole call is its own measurement
         if res["raw"].get("moe") and not whole:
             update["moe"], errors["moe"] = fit_routed(m, top_k)
@@ -204,6 +234,34 @@ def merge(
     )
 
 
+def _fit_attention(
+    m: Measurements, parts: list[str], name: str, res: dict[str, Any], source: str
+) -> tuple[dict[str, Any], dict[str, FitError]]:
+    """The fits of ``parts`` (``prefill``, ``decode``) of ``m``, one model's measurements, and
+    their errors, as ``calibrate`` fits them (``sweep.fit_attention``: prefill forms smooth and
+    prefix, as the shipped profile's; decode with the verify tiles ``measure`` recorded, else
+    the model's own); refused where a kind timed has too few shapes to fit."""
+    if not parts:
+        return {}, {}
+    tiles = res.get("verify_tiles")
+    if tiles is None and "decode" in parts:
+        tiles = verify_tiles(load_model(name))
+    prefill, decode, errors = fit_attention(m, PREFILL_FORMS_SHIPPED, tiles)
+    fitted: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "prefill": (prefill, m.prefill),
+        "decode": (decode, m.decode),
+    }
+    update: dict[str, Any] = {}
+    for part in parts:
+        fits, timed = fitted[part]
+        short = sorted(set(timed) - set(fits))
+        if short:
+            raise UserError(f"{source}: {name}: too few {part} shapes of {', '.join(short)} to fit")
+        update[part] = fits
+    kept = {k: e for k, e in errors.items() if k.partition(".")[0] in parts}
+    return update, kept
+
+
 def rescale(
     target: dict[str, Any],
     base: dict[str, Any],
@@ -212,8 +270,9 @@ def rescale(
     log: Any = print,
 ) -> dict[str, Any]:
     """``target``'s measurements with every time multiplied by ``new`` / ``base`` at the same
-    shape ((experts, tokens), or (kind, tokens, prefix) for prefill), which both others must
-    have timed (they may have timed more); all three ``measure`` outputs of the same models.
+    shape (a row's key columns: (experts, tokens), (kind, tokens, prefix) for prefill, (kind,
+    batch, context, verify) for decode), which both others must have timed (they may have timed
+    more); all three ``measure`` outputs of the same models.
     Only the parts the target and both others timed are kept; ``drop_missing``: a target shape
     the others did not time is left out (and said), not refused."""
     out = json.loads(json.dumps(target))
@@ -222,7 +281,7 @@ def rescale(
             b_raw, n_raw = base["models"][name]["raw"], new["models"][name]["raw"]
         except KeyError:
             raise UserError(f"{name}: measured in the target but not in both others") from None
-        keys = [k for k in (*RAW_KEYS, *PREFILL_KEYS) if res["raw"].get(k)]
+        keys = [k for k in ALL_KEYS if res["raw"].get(k)]
         missing = [k for k in keys if not (b_raw.get(k) and n_raw.get(k))]
         if missing:
             raise UserError(f"{name}: {', '.join(missing)} timed in the target only")
@@ -246,9 +305,6 @@ def rescale(
             "kernel_versions": new["models"][name].get("kernel_versions"),
         }
     return out
-
-
-PART_KEYS = {"moe": RAW_KEYS, "moe_whole": RAW_KEYS[:2], "prefill": PREFILL_KEYS}
 
 
 def export(
@@ -313,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         "--parts",
         default="moe",
         help="what to time, comma-separated: moe (the routed experts whole and alone), "
-        "moe_whole (the whole call only), prefill (the prefill attention block)",
+        "moe_whole (the whole call only), prefill (the prefill attention block), decode (the "
+        "decode attention block: a change to it alone, e.g. FlashMLA's scheduler metadata once "
+        "per step, DEEPINFER_MLA_SCHED=layer the old per-layer baseline)",
     )
     mg = sub.add_parser("merge")
     mg.add_argument("measured", type=Path)
@@ -337,7 +395,11 @@ def main(argv: list[str] | None = None) -> int:
     ex = sub.add_parser("export")
     ex.add_argument("profile")
     ex.add_argument("--models", required=True)
-    ex.add_argument("--parts", default="moe,prefill")
+    ex.add_argument(
+        "--parts",
+        default="moe,prefill",
+        help=f"whose raw points, comma-separated: {', '.join(PART_KEYS)}",
+    )
     ex.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     try:
@@ -380,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f" moe off-grid {fit['moe'].offgrid_mape:.1%}", end="")
             if "moe_experts" in fit:
                 print(f", experts alone off-grid {fit['moe_experts'].offgrid_mape:.1%}", end="")
-            for key in (k for k in fit if k.startswith("prefill.")):
+            for key in (k for k in fit if k.startswith(("prefill.", "decode."))):
                 print(f", {key} off-grid {fit[key].offgrid_mape:.1%}", end="")
             print()
         return 0

@@ -335,6 +335,33 @@ def time_each(
     return out
 
 
+def time_prefill(
+    bench: Bench, grid: Grid, kind: str, m: Measurements, log: Callable[[str], None]
+) -> None:
+    """``kind``'s prefill attention block on ``grid``'s prefill shapes and off-grid shapes, into
+    ``m`` (shapes that fail are logged and skipped)."""
+
+    def pre(n: int, p: int) -> float:
+        return bench.prefill(kind, n, p)
+
+    m.prefill[kind] = time_each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
+    m.prefill_off[kind] = time_each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
+
+
+def time_decode(
+    bench: Bench, grid: Grid, kind: str, m: Measurements, log: Callable[[str], None]
+) -> None:
+    """``kind``'s decode attention block on ``grid``'s decode shapes and off-grid shapes (batch,
+    context, verify tokens; contexts spread by ``grid.decode_spread``), into ``m``."""
+
+    def dec(b: int, c: int, v: int) -> float:
+        return bench.decode(kind, b, c, v, grid.decode_spread)
+
+    m.decode[kind] = time_each(grid.decode_shapes(), log, f"decode {kind}", dec)
+    off = grid.offgrid_decode_shapes()
+    m.decode_off[kind] = time_each(off, log, f"decode {kind} off-grid", dec)
+
+
 def measure(
     bench: Bench,
     grid: Grid,
@@ -349,22 +376,11 @@ def measure(
     save = checkpoint or (lambda _: None)
     bench.warmup()
     for kind in bench.kinds:
-
-        def pre(n: int, p: int, k: str = kind) -> float:
-            return bench.prefill(k, n, p)
-
-        def dec(b: int, c: int, v: int, k: str = kind) -> float:
-            return bench.decode(k, b, c, v, grid.decode_spread)
-
         log(f"prefill {kind}")
-        m.prefill[kind] = time_each(grid.prefill_shapes(), log, f"prefill {kind}", pre)
-        m.prefill_off[kind] = time_each(grid.off_prefill, log, f"prefill {kind} off-grid", pre)
+        time_prefill(bench, grid, kind, m, log)
         save(m)
         log(f"decode {kind}")
-        m.decode[kind] = time_each(grid.decode_shapes(), log, f"decode {kind}", dec)
-        m.decode_off[kind] = time_each(
-            grid.offgrid_decode_shapes(), log, f"decode {kind} off-grid", dec
-        )
+        time_decode(bench, grid, kind, m, log)
         save(m)
     log("moe")
     m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
