@@ -96,7 +96,7 @@ class RooflineParams(FrozenModel):
 
     # the defaults of gemm_efficiency, memory_efficiency and layer_overhead_s are fitted on the
     # published corpus (planner/analysis/corpus_fit.py, docs/validation.md), rounded
-    gemm_efficiency: float = Field(0.32, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
+    gemm_efficiency: float = Field(0.34, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
     attention_efficiency: float = Field(
         0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
     )
@@ -146,7 +146,9 @@ class StepBreakdown:
     context in decode (the slowest rank's dense time minus the same tokens without it) —,
     ``permute_s`` the part of ``experts_s`` that is the engine's permutes around a normal-mode
     exchange, ``tp_comm_s`` the part of ``dense_s`` that is a tensor-parallel group's
-    all-reduces, and ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute."""
+    all-reduces, and ``a2a_s`` − ``a2a_exposed_s`` is the all-to-all hidden behind compute
+    (``a2a_exposed_s``: what the exchange adds to the step, the SMs it takes from compute — all
+    step long for GEMMs on reserved SMs — included)."""
 
     step_s: float
     dense_s: float
