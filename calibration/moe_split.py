@@ -124,16 +124,7 @@ def measure_model(
 
     attention = [part for part in ATTENTION if part in parts]
     bench = TorchBench(
-        device,
-        model,
-        hardware,
-        backend=kernels,
-        repeats=grid.repeats,
-        max_prefix=grid.max_prefix,
-        max_chunk=grid.max_chunk,
-        max_batch=grid.max_batch,
-        max_context=grid.max_context,
-        attention=bool(attention),
+        device, model, hardware, backend=kernels, attention=bool(attention), **grid.bench_sizes()
     )
     bench.warmup()
     m = Measurements()

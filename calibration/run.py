@@ -82,15 +82,7 @@ def run_calibration(
     partials: list[Path] = []
     for model in models:
         bench = TorchBench(
-            device=device,
-            model=model,
-            hardware=hardware,
-            backend=kernels,
-            repeats=g.repeats,
-            max_prefix=g.max_prefix,
-            max_chunk=g.max_chunk,
-            max_batch=g.max_batch,
-            max_context=g.max_context,
+            device=device, model=model, hardware=hardware, backend=kernels, **g.bench_sizes()
         )
         counts = g.count(len(bench.kinds))
         say(

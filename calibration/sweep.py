@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
@@ -110,6 +110,16 @@ class Bench(Protocol):
         mean context, lengths spread by ``spread``) with one token each, prefill (sequences,
         prompt tokens) from an empty cache."""
         ...
+
+
+class BenchSizes(TypedDict):
+    """What ``TorchBench`` needs to time a grid: repeats and the sizes its caches must hold."""
+
+    repeats: int
+    max_prefix: int
+    max_chunk: int
+    max_batch: int
+    max_context: int
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,16 @@ class Grid:
     def max_context(self) -> int:
         shapes = (*self.decode_shapes(), *self.offgrid_decode_shapes())
         return max(c + v for _, c, v in shapes)
+
+    def bench_sizes(self) -> BenchSizes:
+        """``TorchBench``'s repeats and cache sizes for timing this grid."""
+        return BenchSizes(
+            repeats=self.repeats,
+            max_prefix=self.max_prefix,
+            max_chunk=self.max_chunk,
+            max_batch=self.max_batch,
+            max_context=self.max_context,
+        )
 
 
 @dataclass
