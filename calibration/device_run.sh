@@ -9,7 +9,8 @@
 #
 # Stages: check (deepseek_check + DeepGEMM probe), graphprefill (its graphed-prefill check
 # alone), table (kernel table), deepgemm (DeepGEMM's
-# masked grouped MoE GEMM against torch._scaled_grouped_mm), moesplit (every model's routed
+# masked grouped MoE GEMM against torch._scaled_grouped_mm), gemmsms (DeepGEMM's FP8 GEMMs on
+# V3's prefill shapes with SMs held back for the exchange: kernels/deepgemm_sms_bench.py), moesplit (every model's routed
 # experts timed whole and alone: calibration/moe_split.py; NO_KERNELS=1 skips the kernel build
 # it does not need), moeslices (the same for expert-TP slices, $MOE_SLICES; each routed GEMM on
 # the faster of torch's and the Triton grouped GEMM), moeslicestorch (the same on torch's alone:
@@ -98,6 +99,7 @@ for stage in "$@"; do
 import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
 print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;;
     deepgemm) run 240 deepgemm $P.kernels.deepgemm_moe_bench --out "$OUT" ;;
+    gemmsms) run 240 gemmsms $P.kernels.deepgemm_sms_bench --out "$OUT" ;;
     moesplit) run 540 moesplit $P.calibration.moe_split measure --out "$OUT/moe_split.json" ;;
     moeslices) run 540 moeslices $P.calibration.moe_split measure --out "$OUT/moe_slices.json" \
         --models "$SLICE_MODELS" ;;

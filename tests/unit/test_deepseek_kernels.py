@@ -291,6 +291,43 @@ def test_deepgemm_moe_bench_lists_its_decode_shapes(capsys):
     assert len(capsys.readouterr().out.splitlines()) == len(cases)
 
 
+def test_deepgemm_sms_bench_lists_v3_prefill_shapes_and_its_rule(capsys):
+    """The SM-count benchmark's plumbing on the CPU: V3's prefill projections at DeepGEMM's own
+    V3 shapes (its README's table), the experts' two grouped GEMMs, the slow-down beside the
+    reserved-SMs rule 1 / (1 - held / SMs), and --held refused unless it starts at 0."""
+    from deepinfer_sim.kernels import deepgemm_sms_bench as bench
+
+    dense = {(n, k) for _, n, k in bench.dense_shapes("deepseek-v3")}
+    assert dense == {
+        (2112, 7168),
+        (24576, 1536),
+        (32768, 512),
+        (7168, 16384),
+        (4096, 7168),
+        (7168, 2048),
+    }
+    cases = bench.shapes(("deepseek-v3",))
+    assert len(cases) == 6 * len(bench.TOKENS) + 2 * len(bench.EXPERT_ROWS)
+    grouped = [c for c in cases if c["kind"] == "grouped"]
+    assert {(c["n"], c["k"]) for c in grouped} == {(4096, 7168), (7168, 2048)}
+    assert all(c["experts"] == bench.LOCAL_EXPERTS for c in grouped)
+    rows = bench.slowdowns({0: 1.0, 20: 1.15, 24: 1.25}, 132)
+    assert rows["20"] == {"measured": 1.15, "rule": pytest.approx(132 / 112)}
+    assert rows["24"]["rule"] == pytest.approx(132 / 108) and "0" not in rows
+    assert bench.main(["--dry-run"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(cases)
+    with pytest.raises(SystemExit):
+        bench.main(["--dry-run", "--held", "20,24"])
+    # the cuBLAS path's FP8 product, one GEMM per expert, on the CPU
+    import torch
+
+    a = torch.randn(2, 32, 128, dtype=torch.bfloat16)
+    b = torch.randn(2, 64, 128, dtype=torch.bfloat16) / 128**0.5
+    d = torch.empty(2, 32, 64, dtype=torch.bfloat16)
+    bench._cublas_call({"kind": "grouped", "m": 32, "n": 64, "k": 128}, a, b, d)()
+    assert rel_err(d, torch.einsum("gmk,gnk->gmn", a, b)) < 0.06
+
+
 def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypatch):
     """Where both paths exist (a GPU), the grouped output projection times the batched grouped
     GEMM and the per-group GEMMs (as CUDA graphs) once per (shape, rows to the next power of
