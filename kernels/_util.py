@@ -12,13 +12,17 @@
 * ``gemm_rates(device)``: the measured FP8 and bf16 GEMM rates (the compute ceilings).
 * ``decided_once(cache, key, decide)``: a kernel choice made once per key (a timing or a
   correctness check) and never inside a CUDA graph capture, which it would break.
+* ``time_cases(cases, time_one, out)``: a benchmark's shapes timed one by one, each printed as
+  it comes, a failing shape recorded with its error, all written as one JSON file.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -249,3 +253,22 @@ def gemm_rates(
         repeat=repeat,
     )
     return 2 * n**3 / t8, 2 * n**3 / t16
+
+
+def time_cases(
+    cases: Sequence[dict[str, Any]], time_one: Callable[[dict[str, Any]], dict[str, Any]], out: Path
+) -> int:
+    """``time_one`` on every case (a failing one must not lose the others: it is recorded with
+    its error), each result printed as it comes and all written to ``out`` (JSON); 0 when every
+    case ran, else 1."""
+    results = []
+    for case in cases:
+        try:
+            result = time_one(case)
+        except Exception as exc:
+            result = {**case, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        results.append(result)
+        print(json.dumps(result), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0 if all("error" not in r for r in results) else 1

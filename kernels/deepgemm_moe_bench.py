@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.registry import load_model
-from ._util import rel_err
+from ._util import rel_err, time_cases
 
 MODELS = ("deepseek-v3", "deepseek-v4.1-flash")
 EXPERTS = (8, 32)
@@ -113,18 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.out:
         ap.error("--out is required unless --dry-run")
-    results = []
-    for c in cases:
-        try:
-            r = time_case(c)
-        except Exception as exc:  # one shape failing must not lose the others
-            r = {**c, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        results.append(r)
-        print(json.dumps(r), flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "deepgemm_moe.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if all("error" not in r for r in results) else 1
+    return time_cases(cases, time_case, Path(a.out) / "deepgemm_moe.json")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models.registry import load_model
-from ._util import rel_err
+from ._util import rel_err, time_cases
 
 MODELS = ("deepseek-v3",)
 TOKENS = (4096, 8192)  # a prefill micro-batch: half of 8K / 16K tokens per GPU
@@ -196,18 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not a.out:
         ap.error("--out is required unless --dry-run")
-    results = []
-    for c in cases:
-        try:
-            r = time_case(c, held, a.backend)
-        except Exception as exc:  # one shape failing must not lose the others
-            r = {**c, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-        results.append(r)
-        print(json.dumps(r), flush=True)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "deepgemm_sms.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 0 if all("error" not in r for r in results) else 1
+    return time_cases(
+        cases, lambda c: time_case(c, held, a.backend), Path(a.out) / "deepgemm_sms.json"
+    )
 
 
 if __name__ == "__main__":

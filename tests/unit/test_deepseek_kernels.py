@@ -12,6 +12,8 @@ the real kernels.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -326,6 +328,25 @@ def test_deepgemm_sms_bench_lists_v3_prefill_shapes_and_its_rule(capsys):
     d = torch.empty(2, 32, 64, dtype=torch.bfloat16)
     bench._cublas_call({"kind": "grouped", "m": 32, "n": 64, "k": 128}, a, b, d)()
     assert rel_err(d, torch.einsum("gmk,gnk->gmn", a, b)) < 0.06
+
+
+def test_benchmarks_time_every_case_and_keep_the_failing_ones(tmp_path, capsys):
+    """``time_cases``: one failing shape is recorded with its error and the exit code says so,
+    the others still timed, printed as they come and written as one JSON list."""
+    from deepinfer_sim.kernels._util import time_cases
+
+    def time_one(case: dict) -> dict:
+        if case["m"] == 2:
+            raise RuntimeError("no kernel for m=2")
+        return {**case, "seconds": 1e-3 * case["m"]}
+
+    out = tmp_path / "sub" / "bench.json"
+    assert time_cases([{"m": 1}, {"m": 2}, {"m": 3}], time_one, out) == 1
+    rows = json.loads(out.read_text())
+    assert [r.get("seconds") for r in rows] == [1e-3, None, 3e-3]
+    assert rows[1]["error"] == "RuntimeError: no kernel for m=2"
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert time_cases([{"m": 1}], time_one, out) == 0
 
 
 def test_grouped_projection_takes_the_path_timed_faster_per_row_bucket(monkeypatch):
