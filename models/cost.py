@@ -25,7 +25,7 @@ factors from YAML; calibrated profiles implement the same interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -424,8 +424,7 @@ class StepCost(ABC):
         self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
     ) -> StepBreakdown:
         """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
-        dense, moe, comm, permute = self._prefill_parts(ranks, imbalance)
-        bare = self._prefill_parts(ranks, imbalance, attention=False)[0]
+        dense, moe, comm, permute, bare = self._prefill_parts(ranks, imbalance, bare=True)
         share = 0.5 if self.shape.two_batch_overlap else 1.0
         tokens_max = max((float(sum(n for n, _ in c)) for c in ranks), default=0.0)
         tp_comm = self.tp_comm_s(share * tokens_max, "prefill")
@@ -436,14 +435,15 @@ class StepCost(ABC):
         ranks: Sequence[Sequence[Chunk]],
         imbalance: float,
         replay: Sequence[Sequence[Chunk]] = (),
-        attention: bool = True,
-    ) -> tuple[float, float, float, float]:
+        bare: bool = False,
+    ) -> tuple[float, float, float, float, float]:
         """(slowest rank's dense time, routed experts, all-to-all, the engine's permutes — part
-        of the routed experts) of a prefill step — of one of its two micro-batches (their mean)
-        under two-batch overlap; ``attention=False``: the dense time without attention."""
+        of the routed experts —, and with ``bare`` the slowest rank's dense time without
+        attention, else 0) of a prefill step — of one of its two micro-batches (their mean)
+        under two-batch overlap."""
         tbo = self.shape.two_batch_overlap
-        prefill_dense = self.prefill_dense if attention else self.prefill_dense_without_attention
         dense_max = 0.0
+        bare_max = 0.0
         tokens_max = 0.0
         tokens_sum = 0.0
         replay_sum = 0.0
@@ -452,22 +452,24 @@ class StepCost(ABC):
             rep = replay[i] if i < len(replay) else ()
             if not chunks and not rep:
                 continue
-            if tbo:
-                a, b = micro_batches(chunks)
-                dense = 0.5 * (prefill_dense(a) + prefill_dense(b)) if chunks else 0.0
-            else:
-                dense = prefill_dense(chunks) if chunks else 0.0
-            tokens = float(sum(n for n, _ in chunks))
+            halves = micro_batches(chunks) if tbo and chunks else None
+            dense = self._chunks_dense(chunks, halves, self.prefill_dense)
+            rest = 0.0
             if rep:
                 if tbo:
                     ra, rb = micro_batches(rep)
-                    dense += 0.5 * (self.replay_dense(ra) + self.replay_dense(rb))
+                    rest = 0.5 * (self.replay_dense(ra) + self.replay_dense(rb))
                 else:
-                    dense += self.replay_dense(rep)
+                    rest = self.replay_dense(rep)
+                dense += rest
                 r = float(sum(n for n, _ in rep))
                 replay_sum += r
                 replay_max = max(replay_max, r)
+            if bare:
+                no_attention = self.prefill_dense_without_attention
+                bare_max = max(bare_max, self._chunks_dense(chunks, halves, no_attention) + rest)
             dense_max = max(dense_max, dense)
+            tokens = float(sum(n for n, _ in chunks))
             tokens_sum += tokens
             tokens_max = max(tokens_max, tokens)
         share = 0.5 if tbo else 1.0
@@ -475,15 +477,33 @@ class StepCost(ABC):
             share * tokens_max, share * tokens_sum, imbalance, "prefill"
         )
         permute = self._permute_s(share * tokens_sum, imbalance, "prefill")
-        dense_max += self.tp_comm_s(share * tokens_max, "prefill")
+        tp = self.tp_comm_s(share * tokens_max, "prefill")
+        dense_max += tp
+        bare_max += tp
         if replay_sum:
             r_moe, r_comm = self.experts_and_exchange(
                 share * replay_max, share * replay_sum, imbalance, "replay"
             )
             moe, comm = moe + r_moe, comm + r_comm
             permute += self._permute_s(share * replay_sum, imbalance, "replay")
-            dense_max += self.tp_comm_s(share * replay_max, "replay")
-        return dense_max, moe, comm, permute
+            tp = self.tp_comm_s(share * replay_max, "replay")
+            dense_max += tp
+            bare_max += tp
+        return dense_max, moe, comm, permute, (bare_max if bare else 0.0)
+
+    @staticmethod
+    def _chunks_dense(
+        chunks: Sequence[Chunk],
+        halves: tuple[list[Chunk], list[Chunk]] | None,
+        dense: Callable[[Sequence[Chunk]], float],
+    ) -> float:
+        """One rank's ``dense`` time of its chunks — the mean of the two micro-batches'
+        (``halves``) under two-batch overlap; 0 without chunks."""
+        if not chunks:
+            return 0.0
+        if halves is not None:
+            return 0.5 * (dense(halves[0]) + dense(halves[1]))
+        return dense(chunks)
 
     def prefill_step(
         self,
@@ -493,11 +513,9 @@ class StepCost(ABC):
     ) -> float:
         """Step time of a prefill instance whose DP ranks compute the given chunks through the
         prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
-        dense, moe, comm, permute = self._prefill_parts(ranks, imbalance, replay)
-        gemm = None
-        if self.shape.reserved_gemm_sms:
-            bare = self._prefill_parts(ranks, imbalance, replay, attention=False)[0]
-            gemm = (bare, moe - permute)
+        reserved = self.shape.reserved_gemm_sms
+        dense, moe, comm, permute, bare = self._prefill_parts(ranks, imbalance, replay, reserved)
+        gemm = (bare, moe - permute) if reserved else None
         return self.compose_step(dense, moe, comm, "prefill", gemm)
 
     def prefill_quadratic(self, imbalance: float = 1.0) -> tuple[float, float, float, float]:
