@@ -25,7 +25,7 @@ factors from YAML; calibrated profiles implement the same interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -442,6 +442,8 @@ class StepCost(ABC):
         attention, else 0) of a prefill step — of one of its two micro-batches (their mean)
         under two-batch overlap."""
         tbo = self.shape.two_batch_overlap
+        prefill_dense = self.prefill_dense
+        no_attention = self.prefill_dense_without_attention
         dense_max = 0.0
         bare_max = 0.0
         tokens_max = 0.0
@@ -452,9 +454,15 @@ class StepCost(ABC):
             rep = replay[i] if i < len(replay) else ()
             if not chunks and not rep:
                 continue
-            halves = micro_batches(chunks) if tbo and chunks else None
-            dense = self._chunks_dense(chunks, halves, self.prefill_dense)
-            rest = 0.0
+            if tbo:
+                a, b = micro_batches(chunks)
+                dense = 0.5 * (prefill_dense(a) + prefill_dense(b)) if chunks else 0.0
+                if bare:
+                    plain = 0.5 * (no_attention(a) + no_attention(b)) if chunks else 0.0
+            else:
+                dense = prefill_dense(chunks) if chunks else 0.0
+                if bare:
+                    plain = no_attention(chunks) if chunks else 0.0
             if rep:
                 if tbo:
                     ra, rb = micro_batches(rep)
@@ -462,12 +470,13 @@ class StepCost(ABC):
                 else:
                     rest = self.replay_dense(rep)
                 dense += rest
+                if bare:
+                    plain += rest
                 r = float(sum(n for n, _ in rep))
                 replay_sum += r
                 replay_max = max(replay_max, r)
             if bare:
-                no_attention = self.prefill_dense_without_attention
-                bare_max = max(bare_max, self._chunks_dense(chunks, halves, no_attention) + rest)
+                bare_max = max(bare_max, plain)
             dense_max = max(dense_max, dense)
             tokens = float(sum(n for n, _ in chunks))
             tokens_sum += tokens
@@ -490,20 +499,6 @@ class StepCost(ABC):
             dense_max += tp
             bare_max += tp
         return dense_max, moe, comm, permute, (bare_max if bare else 0.0)
-
-    @staticmethod
-    def _chunks_dense(
-        chunks: Sequence[Chunk],
-        halves: tuple[list[Chunk], list[Chunk]] | None,
-        dense: Callable[[Sequence[Chunk]], float],
-    ) -> float:
-        """One rank's ``dense`` time of its chunks — the mean of the two micro-batches'
-        (``halves``) under two-batch overlap; 0 without chunks."""
-        if not chunks:
-            return 0.0
-        if halves is not None:
-            return 0.5 * (dense(halves[0]) + dense(halves[1]))
-        return dense(chunks)
 
     def prefill_step(
         self,
