@@ -236,6 +236,15 @@ class TorchBench:
 
     # ---- Bench ---------------------------------------------------------------------------------
     def prefill(self, kind: str, n: int, p: int) -> float:
+        """One layer's prefill of an ``n``-token chunk after a ``p``-token cached prefix."""
+        call, reset = self.prefill_call(kind, n, p)
+        return self._measure("prefill", call, reset)
+
+    def prefill_call(
+        self, kind: str, n: int, p: int
+    ) -> tuple[Callable[[], object], Callable[[], None]]:
+        """:meth:`prefill`'s timed call and what readies it before each (the cache cut back to
+        the prefix), for a caller that times it itself."""
         if p > self.spec.max_context_tokens:
             raise ValueError(f"prefix {p} beyond {self.spec.name}'s context")
         block = self._block(kind)
@@ -252,7 +261,7 @@ class TorchBench:
         def reset() -> None:
             pool.fill_random(seq, p) if pool.length(seq) < p else pool.truncate(seq, p)
 
-        return self._measure("prefill", lambda: block.prefill(x, pool, seq), reset)
+        return (lambda: block.prefill(x, pool, seq)), reset
 
     def decode(
         self, kind: str, batch: int, context: int, verify: int, spread: float = 0.0
@@ -373,11 +382,15 @@ class TorchBench:
     def moe_experts(self, local_experts: int, tokens: int) -> float:
         """The experts' own work alone (rows already sorted by expert and quantized): what is
         left of :meth:`moe` where an EP exchange's kernels gather and combine."""
+        return self._measure(None, self.moe_experts_call(local_experts, tokens))
+
+    def moe_experts_call(self, local_experts: int, tokens: int) -> Callable[[], object]:
+        """:meth:`moe_experts`'s timed call, for a caller that times it itself."""
         moe = self.moe_block(local_experts)
         x = self._x(tokens, self.shape.hidden)
         ids, _ = moe.uniform_routing(tokens, seed=tokens)
         rows, offs = moe.prepare_experts(x, ids)
-        return self._measure(None, lambda: moe.forward_experts(rows, offs))
+        return lambda: moe.forward_experts(rows, offs)
 
     def release_kernels(self) -> None:
         """Drop the single-layer blocks, their pools (sized for the grid's longest prefixes and
