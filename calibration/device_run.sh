@@ -26,8 +26,8 @@
 # $OUT/slices.tar.gz holds a profile per slice), v41mixed (V4.1-Flash with decode
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), sustained (V3's prefill layer,
-# attention, experts and decode timed the calibration's way and back to back for a minute or
-# 15 s, the GPU's clocks sampled: calibration/sustained.py, $SUSTAINED_LONG / $SUSTAINED_SHORT), layerkernels (the kernels of one
+# attention, experts and decode timed the calibration's way and back to back for 45 s or
+# 12 s, the GPU's clocks sampled: calibration/sustained.py, $SUSTAINED_LONG / $SUSTAINED_SHORT), layerkernels (the kernels of one
 # decode step of an attention block, calibration/layer_kernels.py, for each model in
 # $LAYER_KERNELS_MODELS, default V3 and its TP8 slice, at $LAYER_KERNELS_BATCH), layersched
 # (the same for V3 and its TP8 slice, FlashMLA's scheduler metadata once per step and, with
@@ -130,9 +130,9 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
     moewhole) run 400 moewhole $P.calibration.moe_split measure --parts moe_whole \
         --out "$OUT/${MOE_WHOLE_OUT:-moe_whole}.json" --models "${MOE_WHOLE_MODELS:-$SLICE_MODELS}" ;;
     sustained) run 200 "sustained layer" $P.calibration.sustained --model deepseek-v3 \
-        --workloads "${SUSTAINED_LONG:-layer:8192}" --seconds "${SUSTAINED_LONG_S:-60}" \
+        --workloads "${SUSTAINED_LONG:-layer:8192}" --seconds "${SUSTAINED_LONG_S:-45}" \
         --out "$OUT/sustained_long.json"
-      run 200 sustained $P.calibration.sustained --model deepseek-v3 --seconds 15 \
+      run 200 sustained $P.calibration.sustained --model deepseek-v3 --seconds 12 \
         --workloads "${SUSTAINED_SHORT:-prefill:8192,experts:9x8192,decode:128x4096,layer:2048}" \
         --out "$OUT/sustained.json" ;;
     moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \
