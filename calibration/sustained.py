@@ -12,6 +12,8 @@ times one call three ways on the same GPU:
 * ``burst_hot``: the calibration's way again straight after, the GPU still warm;
 
 and samples the SM clock, power and temperature (``nvidia-smi``, every 100 ms) in each phase.
+With ``--duty D`` < 1 the sustained phase idles after each call so that the GPU is busy a share
+D of the time (each call then timed on the host after a sync): the slowdown at partial load.
 Workloads (``--workloads``, comma-separated): ``prefill:N`` (one attention block's prefill of
 an N-token chunk, no prefix), ``experts:LxT`` (the routed experts' own work, T tokens over L
 local experts), ``layer:N`` (both: a layer of an N-token chunk with N tokens' routed rows over 9
@@ -19,7 +21,8 @@ local experts, the EP32 + one redundant expert shape), ``decode:BxC`` (a decode 
 sequences of C tokens: the memory-bound control).
 
     python -m deepinfer_sim.calibration.sustained --model deepseek-v3 [--kernels deepseek]
-        [--workloads layer:8192,decode:128x4096] [--seconds 20] [--cool 5] --out FILE.json
+        [--workloads layer:8192,decode:128x4096] [--seconds 20] [--cool 5] [--duty 1]
+        --out FILE.json
 """
 
 from __future__ import annotations
@@ -97,17 +100,34 @@ def build_call(bench: Any, w: Workload) -> tuple[Callable[[], object], Callable[
 
 
 def sustained_windows(
-    fn: Callable[[], object], reset: Callable[[], None], seconds: float, cuda: bool
+    fn: Callable[[], object],
+    reset: Callable[[], None],
+    seconds: float,
+    cuda: bool,
+    duty: float = 1.0,
 ) -> list[tuple[float, float, int]]:
-    """``fn`` back to back for ``seconds``: per window of ~WINDOW_S, (seconds since the start
-    at its end, median seconds per call, calls)."""
+    """``fn`` back to back for ``seconds`` (``duty`` < 1: each call followed by an idle gap
+    that leaves the GPU busy that share of the time): per window of ~WINDOW_S, (seconds since
+    the start at its end, median seconds per call, calls)."""
     import torch
 
     out: list[tuple[float, float, int]] = []
     t0 = time.perf_counter()
     while (now := time.perf_counter() - t0) < seconds:
         times: list[float] = []
-        if cuda:
+        if duty < 1.0:
+            while time.perf_counter() - t0 - now < WINDOW_S:
+                reset()
+                if cuda:
+                    torch.cuda.synchronize()
+                s = time.perf_counter()
+                fn()
+                if cuda:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - s
+                times.append(dt)
+                time.sleep(dt * (1.0 / duty - 1.0))
+        elif cuda:
             pairs = []
             while time.perf_counter() - t0 - now < WINDOW_S:
                 reset()
@@ -200,6 +220,7 @@ def measure(
     device: str,
     kernels: str,
     hardware: str | None = None,
+    duty: float = 1.0,
 ) -> dict[str, Any]:
     from .torch_bench import GRAPH_WORTH_S, TorchBench
 
@@ -222,7 +243,7 @@ def measure(
                 reset()
                 graph = capture_graph(bench.device, fn, reset)
                 call, ready, graphed = graph.replay, (lambda: None), True
-            windows = sustained_windows(call, ready, seconds, bench.cuda)
+            windows = sustained_windows(call, ready, seconds, bench.cuda, duty)
             t_c = time.time()
             hot = bench._measure(None, fn, reset)
             t_d = time.time()
@@ -257,6 +278,7 @@ def measure(
         "kernels": bench.kernels,
         "software": bench.software,
         "seconds": seconds,
+        "duty": duty,
         "window_s": WINDOW_S,
         "workloads": results,
     }
@@ -268,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="layer:8192,prefill:8192,experts:9x8192,decode:128x4096")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--cool", type=float, default=5.0, help="idle seconds between workloads")
+    ap.add_argument(
+        "--duty", type=float, default=1.0, help="busy share of the sustained phase (0 < D <= 1)"
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernels", default="deepseek")
     ap.add_argument("--hardware", default=None, help="hardware file (default: the GPU's)")
@@ -276,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.seconds <= 0 or args.cool < 0:
             raise UserError("--seconds must be positive and --cool not negative")
+        if not 0 < args.duty <= 1:
+            raise UserError(f"--duty {args.duty}: a busy share in (0, 1]")
         res = measure(
             args.model,
             parse_workloads(args.workloads),
@@ -284,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             args.device,
             args.kernels,
             args.hardware,
+            args.duty,
         )
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -374,10 +374,14 @@ class TorchBench:
     def moe(self, local_experts: int, tokens: int) -> float:
         """One rank's routed experts, ``tokens`` tokens over ``local_experts``: routing sorted,
         rows gathered (quantized), grouped GEMMs, weighted combine."""
+        return self._measure("moe", self.moe_call(local_experts, tokens))
+
+    def moe_call(self, local_experts: int, tokens: int) -> Callable[[], object]:
+        """:meth:`moe`'s timed call, for a caller that times it itself."""
         moe = self.moe_block(local_experts)
         x = self._x(tokens, self.shape.hidden)
         ids, w = moe.uniform_routing(tokens, seed=tokens)
-        return self._measure("moe", lambda: moe.forward_routed(x, ids, w))
+        return lambda: moe.forward_routed(x, ids, w)
 
     def moe_experts(self, local_experts: int, tokens: int) -> float:
         """The experts' own work alone (rows already sorted by expert and quantized): what is

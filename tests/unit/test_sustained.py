@@ -69,3 +69,22 @@ def test_bad_arguments_exit_2_with_one_line(capsys, tmp_path):
     assert sustained.main([*args, "--seconds", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("error: --workloads 'warp:1'") and "--seconds" in err[1]
+
+
+def test_a_partial_duty_idles_between_calls(tmp_path):
+    out = tmp_path / "d.json"
+    args = ["--model", TOY, "--kernels", "reference", "--device", "cpu", "--hardware", "h200"]
+    args += ["--workloads", "prefill:32", "--seconds", "0.6", "--cool", "0", "--duty", "0.5"]
+    assert sustained.main([*args, "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["duty"] == 0.5
+    (w,) = res["workloads"]
+    calls = sum(n for _, _, n in w["windows"])
+    busy = calls * w["sustained_s"]
+    assert busy < 0.75 * w["windows"][-1][0]  # about half the phase idled
+
+
+def test_a_duty_outside_0_1_is_refused(capsys, tmp_path):
+    args = ["--model", TOY, "--device", "cpu", "--hardware", "h200", "--out", str(tmp_path / "x")]
+    assert sustained.main([*args, "--duty", "1.5"]) == 2
+    assert "--duty 1.5" in capsys.readouterr().err

@@ -1,0 +1,156 @@
+"""How much of a graphed layer's calibration time is the graph's launch, not its kernels.
+
+The calibration times a call of at most ``GRAPH_WORTH_S`` as a CUDA graph: one replay between
+two events after the device is synchronized (``TorchBench._time_graph``). The first event fires
+on an idle GPU at once, so the time also holds the host's launch of the graph until its first
+kernel starts. An engine replays a whole step's layers in one graph (or launches the next while
+one runs): it pays that once per step, not once per layer call. This times the same graphs both
+ways — one replay after a sync, as the calibration does, and ``replays`` back to back between
+two events, divided — on decode, routed-expert and small prefill shapes; the difference is the
+launch the calibration's per-layer points hold.
+
+    python -m deepinfer_sim.calibration.launch_gap --models deepseek-v3,deepseek-v3@tp8
+        [--kernels deepseek] [--replays 20] --out FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UserError
+
+DECODE_SHAPES = ((1, 4096), (8, 4096), (32, 2048), (64, 4096), (128, 4096), (256, 1024))
+MOE_SHAPES = ((8, 16), (8, 256), (32, 64), (32, 1024), (128, 16), (128, 512))
+PREFILL_TOKENS = (128, 512, 2048)
+
+
+def single_and_amortized(
+    fn: Callable[[], object],
+    reset: Callable[[], None],
+    device: Any,
+    replays: int,
+    repeats: int,
+) -> tuple[float, float]:
+    """(seconds of one graph replay after a sync — the calibration's timing —, seconds per
+    replay of ``replays`` back to back), medians over ``repeats``. On the CPU (no graphs) the
+    call itself, readied each time, is timed both ways."""
+    import torch
+
+    from ..kernels._util import capture_graph, median_time
+
+    reset()
+    if device.type == "cuda":
+        call: Callable[[], object] = capture_graph(device, fn, reset).replay
+    else:  # no graph: each call changes the caches, so each is readied again
+
+        def call() -> None:
+            reset()
+            fn()
+
+    single = median_time(call, device, warmup=1, repeat=repeats)
+    per: list[float] = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(replays):
+                call()
+            b.record()
+            b.synchronize()
+            per.append(a.elapsed_time(b) / 1e3 / replays)
+        else:
+            import time
+
+            t0 = time.perf_counter()
+            for _ in range(replays):
+                call()
+            per.append((time.perf_counter() - t0) / replays)
+    return single, float(np.median(per))
+
+
+def measure(
+    models: list[str],
+    device: str,
+    kernels: str,
+    replays: int,
+    hardware: str | None = None,
+    decode_shapes: tuple[tuple[int, int], ...] = DECODE_SHAPES,
+    moe_shapes: tuple[tuple[int, int], ...] = MOE_SHAPES,
+    prefill_tokens: tuple[int, ...] = PREFILL_TOKENS,
+    repeats: int = 7,
+) -> dict[str, Any]:
+    from .torch_bench import TorchBench
+
+    out: dict[str, Any] = {"replays": replays, "models": {}}
+    for name in models:
+        bench = TorchBench(device, name, hardware, backend=kernels, repeats=repeats)
+        bench.warmup()
+        kind = bench.kinds[0]
+        calls: list[tuple[str, tuple[int, ...], Any, Any]] = [
+            ("decode", (b, c), *bench.decode_call(kind, b, c, 1)) for b, c in decode_shapes
+        ]
+        experts = bench.spec.moe.routed_experts
+        for e, t in moe_shapes:
+            e = min(e, experts)
+            calls.append(("moe", (e, t), bench.moe_call(e, t), lambda: None))
+        calls += [("prefill", (n, 0), *bench.prefill_call(kind, n, 0)) for n in prefill_tokens]
+        rows: list[dict[str, Any]] = []
+        for part, shape, fn, reset in calls:
+            single, amortized = single_and_amortized(fn, reset, bench.device, replays, repeats)
+            rows.append(
+                {
+                    "part": part,
+                    "shape": list(shape),
+                    "single_s": single,
+                    "amortized_s": amortized,
+                    "gap_s": single - amortized,
+                }
+            )
+            print(
+                f"{name} {part} {shape}: one replay {single * 1e6:.1f} us, back to back "
+                f"{amortized * 1e6:.1f} us, gap {(single - amortized) * 1e6:.1f} us",
+                flush=True,
+            )
+        gaps = {
+            part: float(np.median([r["gap_s"] for r in rows if r["part"] == part]))
+            for part in ("decode", "moe", "prefill")
+        }
+        out["models"][bench.spec.name] = {"kind": kind, "median_gap_s": gaps, "rows": rows}
+        out.update(device=bench.device_name, kernels=bench.kernels, software=bench.software)
+        bench.release_kernels()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="launch_gap", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="deepseek-v3,deepseek-v3@tp8,deepseek-v4.1-flash")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kernels", default="deepseek")
+    ap.add_argument("--hardware", default=None, help="hardware file (default: the GPU's)")
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    try:
+        if args.replays < 2:
+            raise UserError("--replays must be at least 2")
+        models = [m for m in args.models.split(",") if m]
+        if not models:
+            raise UserError("--models: none given")
+        res = measure(models, args.device, args.kernels, args.replays, args.hardware)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
