@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,10 @@ def single_and_amortized(
     return single, float(np.median(per))
 
 
+def _moe_call(bench: Any, experts: int, tokens: int) -> tuple[Any, Any]:
+    return bench.moe_call(experts, tokens), (lambda: None)
+
+
 def measure(
     models: list[str],
     device: str,
@@ -91,19 +96,34 @@ def measure(
 
     out: dict[str, Any] = {"replays": replays, "models": {}}
     for name in models:
-        bench = TorchBench(device, name, hardware, backend=kernels, repeats=repeats)
+        bench = TorchBench(
+            device,
+            name,
+            hardware,
+            backend=kernels,
+            repeats=repeats,
+            max_prefix=0,
+            max_chunk=max(prefill_tokens),
+            max_batch=max(b for b, _ in decode_shapes),
+            max_context=max(c for _, c in decode_shapes),
+        )
         bench.warmup()
         kind = bench.kinds[0]
-        calls: list[tuple[str, tuple[int, ...], Any, Any]] = [
-            ("decode", (b, c), *bench.decode_call(kind, b, c, 1)) for b, c in decode_shapes
-        ]
         experts = bench.spec.moe.routed_experts
-        for e, t in moe_shapes:
-            e = min(e, experts)
-            calls.append(("moe", (e, t), bench.moe_call(e, t), lambda: None))
-        calls += [("prefill", (n, 0), *bench.prefill_call(kind, n, 0)) for n in prefill_tokens]
+        # each call built just before it is timed: one expert set and its pools at a time
+        calls: list[tuple[str, tuple[int, ...], Callable[[], tuple[Any, Any]]]] = [
+            ("decode", (b, c), partial(bench.decode_call, kind, b, c, 1)) for b, c in decode_shapes
+        ]
+        calls += [
+            ("moe", (min(e, experts), t), partial(_moe_call, bench, min(e, experts), t))
+            for e, t in moe_shapes
+        ]
+        calls += [
+            ("prefill", (n, 0), partial(bench.prefill_call, kind, n, 0)) for n in prefill_tokens
+        ]
         rows: list[dict[str, Any]] = []
-        for part, shape, fn, reset in calls:
+        for part, shape, build in calls:
+            fn, reset = build()
             single, amortized = single_and_amortized(fn, reset, bench.device, replays, repeats)
             rows.append(
                 {
