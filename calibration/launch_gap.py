@@ -16,16 +16,15 @@ launch the calibration's per-layer points hold.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import UserError
+from .device_cli import add_device_args, measure_to_json
 
 DECODE_SHAPES = ((1, 4096), (8, 4096), (32, 2048), (64, 4096), (128, 4096), (256, 1024))
 MOE_SHAPES = ((8, 16), (8, 256), (32, 64), (32, 1024), (128, 16), (128, 512))
@@ -153,23 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="launch_gap", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="deepseek-v3,deepseek-v3@tp8,deepseek-v4.1-flash")
     ap.add_argument("--replays", type=int, default=20)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--kernels", default="deepseek")
-    ap.add_argument("--hardware", default=None, help="hardware file (default: the GPU's)")
-    ap.add_argument("--out", required=True, type=Path)
+    add_device_args(ap)
     args = ap.parse_args(argv)
-    try:
+
+    def run() -> dict[str, Any]:
         if args.replays < 2:
             raise UserError("--replays must be at least 2")
         models = [m for m in args.models.split(",") if m]
         if not models:
             raise UserError("--models: none given")
-        res = measure(models, args.device, args.kernels, args.replays, args.hardware)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    args.out.write_text(json.dumps(res, indent=1) + "\n")
-    return 0
+        return measure(models, args.device, args.kernels, args.replays, args.hardware)
+
+    return 0 if measure_to_json(args.out, run) is not None else 2
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ the attention kernel's scheduler metadata).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from .device_cli import add_device_args, measure_to_json
 
 
 def profile_call(fn: Any, cuda: bool, kernels_only: bool = True) -> list[dict[str, Any]]:
@@ -102,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="1,64", help="batch sizes, comma-separated")
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--verify", type=int, default=1)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--kernels", default="deepseek")
-    ap.add_argument("--hardware", default=None, help="hardware file (default: the GPU's)")
-    ap.add_argument("--out", required=True, type=Path)
+    add_device_args(ap)
     args = ap.parse_args(argv)
     try:
         batches = [int(b) for b in args.batch.split(",") if b]
@@ -114,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"error: --batch {args.batch!r}: positive integers, comma-separated", file=sys.stderr)
         return 2
-    try:
-        res = layer_kernels(
+    res = measure_to_json(
+        args.out,
+        lambda: layer_kernels(
             args.model,
             args.kind,
             batches,
@@ -124,11 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             args.device,
             args.kernels,
             args.hardware,
-        )
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        ),
+    )
+    if res is None:
         return 2
-    args.out.write_text(json.dumps(res, indent=1) + "\n")
     for step in res["steps"]:
         print(
             f"batch {step['batch']}: {step['launches']} launches, {step['us']:.1f} us"

@@ -28,7 +28,6 @@ sequences of C tokens: the memory-bound control).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UserError
+from .device_cli import add_device_args, measure_to_json
 
 WINDOW_S = 0.5
 LAYER_LOCAL_EXPERTS = 9  # EP32 with one redundant expert per GPU: 256 / 32 + 1
@@ -293,19 +293,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--duty", type=float, default=1.0, help="busy share of the sustained phase (0 < D <= 1)"
     )
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--kernels", default="deepseek")
-    ap.add_argument("--hardware", default=None, help="hardware file (default: the GPU's)")
-    ap.add_argument("--out", required=True, type=Path)
+    add_device_args(ap)
     args = ap.parse_args(argv)
-    try:
+
+    def run() -> dict[str, Any]:
         if args.seconds <= 0 or args.cool < 0:
             raise UserError("--seconds must be positive and --cool not negative")
         if not 0 < args.duty <= 1:
             raise UserError(f"--duty {args.duty}: a busy share in (0, 1]")
-        res = measure(
+        workloads = parse_workloads(args.workloads)
+        return measure(
             args.model,
-            parse_workloads(args.workloads),
+            workloads,
             args.seconds,
             args.cool,
             args.device,
@@ -313,11 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             args.hardware,
             args.duty,
         )
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    args.out.write_text(json.dumps(res, indent=1) + "\n")
-    return 0
+
+    return 0 if measure_to_json(args.out, run) is not None else 2
 
 
 if __name__ == "__main__":
