@@ -28,7 +28,8 @@
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), sustained (V3's prefill layer,
 # attention, experts and decode timed the calibration's way and back to back for 45 s or
 # 12 s, the GPU's clocks sampled: calibration/sustained.py, $SUSTAINED_LONG / $SUSTAINED_SHORT),
-# sustainedduty (the prefill layer busy 25 / 50 / 75 % of the time, $SUSTAINED_DUTIES),
+# sustainedduty (the prefill layer busy 25 / 50 / 75 % of the time, $SUSTAINED_DUTIES, in bursts
+# of $SUSTAINED_GROUP calls),
 # launchgap (graphed decode, routed-expert and small prefill calls timed one replay after a sync,
 # as the calibration does, and back to back: calibration/launch_gap.py, $LAUNCH_GAP_MODELS), layerkernels (the kernels of one
 # decode step of an attention block, calibration/layer_kernels.py, for each model in
@@ -143,7 +144,8 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
         --out "$OUT/sustained.json" ;;
     sustainedduty) for d in ${SUSTAINED_DUTIES:-0.25 0.5 0.75}; do  # the slowdown at partial load
         run 120 "sustained duty $d" $P.calibration.sustained --model deepseek-v3 --seconds 12 \
-          --workloads layer:8192 --duty "$d" --out "$OUT/sustained_duty_$d.json"; done ;;
+          --workloads layer:8192 --duty "$d" --group "${SUSTAINED_GROUP:-1}" \
+          --out "$OUT/sustained_duty_$d.json"; done ;;
     moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \
         --models deepseek-v3 ;;
     moeslicestorch) run 540 moeslicestorch env DEEPINFER_ROUTED_GEMM=torch \

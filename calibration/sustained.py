@@ -12,8 +12,9 @@ times one call three ways on the same GPU:
 * ``burst_hot``: the calibration's way again straight after, the GPU still warm;
 
 and samples the SM clock, power and temperature (``nvidia-smi``, every 100 ms) in each phase.
-With ``--duty D`` < 1 the sustained phase idles after each call so that the GPU is busy a share
-D of the time (each call then timed on the host after a sync): the slowdown at partial load.
+With ``--duty D`` < 1 the sustained phase idles after each call (after every ``--group K``
+calls) so that the GPU is busy a share D of the time (each call then timed on the host after a
+sync): the slowdown at partial load, and with K how long a burst the power limit averages over.
 Workloads (``--workloads``, comma-separated): ``prefill:N`` (one attention block's prefill of
 an N-token chunk, no prefix), ``experts:LxT`` (the routed experts' own work, T tokens over L
 local experts), ``layer:N`` (both: a layer of an N-token chunk with N tokens' routed rows over 9
@@ -21,7 +22,7 @@ local experts, the EP32 + one redundant expert shape), ``decode:BxC`` (a decode 
 sequences of C tokens: the memory-bound control).
 
     python -m deepinfer_sim.calibration.sustained --model deepseek-v3 [--kernels deepseek]
-        [--workloads layer:8192,decode:128x4096] [--seconds 20] [--cool 5] [--duty 1]
+        [--workloads layer:8192,decode:128x4096] [--seconds 20] [--cool 5] [--duty 1] [--group 1]
         --out FILE.json
 """
 
@@ -105,10 +106,12 @@ def sustained_windows(
     seconds: float,
     cuda: bool,
     duty: float = 1.0,
+    group: int = 1,
 ) -> list[tuple[float, float, int]]:
-    """``fn`` back to back for ``seconds`` (``duty`` < 1: each call followed by an idle gap
-    that leaves the GPU busy that share of the time): per window of ~WINDOW_S, (seconds since
-    the start at its end, median seconds per call, calls)."""
+    """``fn`` back to back for ``seconds`` (``duty`` < 1: every ``group`` calls followed by an
+    idle gap that leaves the GPU busy that share of the time — the same share in longer bursts
+    as ``group`` grows): per window of ~WINDOW_S, (seconds since the start at its end, median
+    seconds per call, calls)."""
     import torch
 
     out: list[tuple[float, float, int]] = []
@@ -117,16 +120,19 @@ def sustained_windows(
         times: list[float] = []
         if duty < 1.0:
             while time.perf_counter() - t0 - now < WINDOW_S:
-                reset()
-                if cuda:
-                    torch.cuda.synchronize()
-                s = time.perf_counter()
-                fn()
-                if cuda:
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - s
-                times.append(dt)
-                time.sleep(dt * (1.0 / duty - 1.0))
+                busy = 0.0
+                for _ in range(group):
+                    reset()
+                    if cuda:
+                        torch.cuda.synchronize()
+                    s = time.perf_counter()
+                    fn()
+                    if cuda:
+                        torch.cuda.synchronize()
+                    dt = time.perf_counter() - s
+                    times.append(dt)
+                    busy += dt
+                time.sleep(busy * (1.0 / duty - 1.0))
         elif cuda:
             pairs = []
             while time.perf_counter() - t0 - now < WINDOW_S:
@@ -221,6 +227,7 @@ def measure(
     kernels: str,
     hardware: str | None = None,
     duty: float = 1.0,
+    group: int = 1,
 ) -> dict[str, Any]:
     from .torch_bench import GRAPH_WORTH_S, TorchBench
 
@@ -243,7 +250,7 @@ def measure(
                 reset()
                 graph = capture_graph(bench.device, fn, reset)
                 call, ready, graphed = graph.replay, (lambda: None), True
-            windows = sustained_windows(call, ready, seconds, bench.cuda, duty)
+            windows = sustained_windows(call, ready, seconds, bench.cuda, duty, group)
             t_c = time.time()
             hot = bench._measure(None, fn, reset)
             t_d = time.time()
@@ -279,6 +286,7 @@ def measure(
         "software": bench.software,
         "seconds": seconds,
         "duty": duty,
+        "group": group,
         "window_s": WINDOW_S,
         "workloads": results,
     }
@@ -293,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--duty", type=float, default=1.0, help="busy share of the sustained phase (0 < D <= 1)"
     )
+    ap.add_argument(
+        "--group", type=int, default=1, help="with --duty: calls back to back between idle gaps"
+    )
     add_device_args(ap)
     args = ap.parse_args(argv)
 
@@ -301,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--seconds must be positive and --cool not negative")
         if not 0 < args.duty <= 1:
             raise UserError(f"--duty {args.duty}: a busy share in (0, 1]")
+        if args.group < 1:
+            raise UserError(f"--group {args.group}: at least one call")
         workloads = parse_workloads(args.workloads)
         return measure(
             args.model,
@@ -311,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             args.kernels,
             args.hardware,
             args.duty,
+            args.group,
         )
 
     return 0 if measure_to_json(args.out, run) is not None else 2

@@ -5,6 +5,7 @@ model (workload parsing, the windows, the clock samples' parsing, the JSON it wr
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -71,20 +72,40 @@ def test_bad_arguments_exit_2_with_one_line(capsys, tmp_path):
     assert err[0].startswith("error: --workloads 'warp:1'") and "--seconds" in err[1]
 
 
-def test_a_partial_duty_idles_between_calls(tmp_path):
+@pytest.mark.parametrize("group", [1, 4])
+def test_a_partial_duty_idles_after_each_group_of_calls(monkeypatch, group):
+    """Every ``group`` calls, one idle gap of busy × (1 / duty − 1) (the sleeps are recorded,
+    not slept: nothing here depends on this machine's speed)."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(sustained.time, "sleep", sleeps.append)
+    calls: list[float] = []
+
+    def fn() -> None:
+        t = time.perf_counter()
+        sum(range(2000))  # a little work, so each call takes time
+        calls.append(time.perf_counter() - t)
+
+    windows = sustained.sustained_windows(fn, lambda: None, 0.3, False, duty=0.25, group=group)
+    assert sum(n for _, _, n in windows) == len(calls)
+    assert len(calls) % group == 0 and len(sleeps) == len(calls) // group
+    # at duty 1/4 each gap is three times its group's busy time, which holds the calls' own time
+    for i, gap in enumerate(sleeps):
+        assert gap >= 3 * sum(calls[i * group : (i + 1) * group])
+
+
+def test_the_duty_and_group_reach_the_json(tmp_path):
     out = tmp_path / "d.json"
     args = ["--model", TOY, "--kernels", "reference", "--device", "cpu", "--hardware", "h200"]
     args += ["--workloads", "prefill:32", "--seconds", "0.6", "--cool", "0", "--duty", "0.5"]
-    assert sustained.main([*args, "--out", str(out)]) == 0
+    assert sustained.main([*args, "--group", "2", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["duty"] == 0.5
-    (w,) = res["workloads"]
-    calls = sum(n for _, _, n in w["windows"])
-    busy = calls * w["sustained_s"]
-    assert busy < 0.75 * w["windows"][-1][0]  # about half the phase idled
+    assert res["duty"] == 0.5 and res["group"] == 2
+    assert res["workloads"][0]["sustained_s"] > 0
 
 
 def test_a_duty_outside_0_1_is_refused(capsys, tmp_path):
     args = ["--model", TOY, "--device", "cpu", "--hardware", "h200", "--out", str(tmp_path / "x")]
     assert sustained.main([*args, "--duty", "1.5"]) == 2
-    assert "--duty 1.5" in capsys.readouterr().err
+    assert sustained.main([*args, "--duty", "0.5", "--group", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--duty 1.5" in err and "--group 0" in err
