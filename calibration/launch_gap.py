@@ -1,7 +1,7 @@
 """How much of a graphed layer's calibration time is the graph's launch, not its kernels.
 
 The calibration times a call of at most ``GRAPH_WORTH_S`` as a CUDA graph: one replay between
-two events after the device is synchronized (``TorchBench._time_graph``). The first event fires
+two events after the device is synchronized (``TorchBench.timed_call``). The first event fires
 on an idle GPU at once, so the time also holds the host's launch of the graph until its first
 kernel starts. An engine replays a whole step's layers in one graph (or launches the next while
 one runs): it pays that once per step, not once per layer call. This times the same graphs both
@@ -32,47 +32,21 @@ PREFILL_TOKENS = (128, 512, 2048)
 
 
 def single_and_amortized(
-    fn: Callable[[], object],
-    reset: Callable[[], None],
-    device: Any,
-    replays: int,
-    repeats: int,
+    bench: Any, fn: Callable[[], object], reset: Callable[[], None], replays: int
 ) -> tuple[float, float]:
-    """(seconds of one graph replay after a sync — the calibration's timing —, seconds per
-    replay of ``replays`` back to back), medians over ``repeats``. On the CPU (no graphs) the
-    call itself, readied each time, is timed both ways."""
-    import torch
+    """(the calibration's time of ``fn`` on ``bench`` — one graph replay after a sync where it
+    replays one —, seconds per call of the same call ``replays`` times back to back), medians
+    over the bench's repeats. On the CPU (no graphs) the call is readied before each."""
+    from ..kernels._util import time_once
 
-    from ..kernels._util import capture_graph, median_time
+    single, _, call, ready = bench.timed_call(fn, reset)
 
-    reset()
-    if device.type == "cuda":
-        call: Callable[[], object] = capture_graph(device, fn, reset).replay
-    else:  # no graph: each call changes the caches, so each is readied again
+    def back_to_back() -> None:
+        for _ in range(replays):
+            ready()
+            call()
 
-        def call() -> None:
-            reset()
-            fn()
-
-    single = median_time(call, device, warmup=1, repeat=repeats)
-    per: list[float] = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(replays):
-                call()
-            b.record()
-            b.synchronize()
-            per.append(a.elapsed_time(b) / 1e3 / replays)
-        else:
-            import time
-
-            t0 = time.perf_counter()
-            for _ in range(replays):
-                call()
-            per.append((time.perf_counter() - t0) / replays)
+    per = [time_once(back_to_back, bench.device) / replays for _ in range(bench.repeats)]
     return single, float(np.median(per))
 
 
@@ -123,7 +97,7 @@ def measure(
         rows: list[dict[str, Any]] = []
         for part, shape, build in calls:
             fn, reset = build()
-            single, amortized = single_and_amortized(fn, reset, bench.device, replays, repeats)
+            single, amortized = single_and_amortized(bench, fn, reset, replays)
             rows.append(
                 {
                     "part": part,

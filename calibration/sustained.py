@@ -17,18 +17,20 @@ calls) so that the GPU is busy a share D of the time (each call then timed on th
 sync): the slowdown at partial load, and with K how long a burst the power limit averages over.
 Workloads (``--workloads``, comma-separated): ``prefill:N`` (one attention block's prefill of
 an N-token chunk, no prefix), ``experts:LxT`` (the routed experts' own work, T tokens over L
-local experts), ``layer:N`` (both: a layer of an N-token chunk with N tokens' routed rows over 9
-local experts, the EP32 + one redundant expert shape), ``decode:BxC`` (a decode step of B
-sequences of C tokens: the memory-bound control).
+local experts), ``layer:N`` (both: a layer of an N-token chunk with N tokens' routed rows over
+the local experts of ``--ep`` ranks with ``--redundant-per-gpu``, default 32 and 1: 9 for V3),
+``decode:BxC`` (a decode step of B sequences of C tokens: the memory-bound control).
 
     python -m deepinfer_sim.calibration.sustained --model deepseek-v3 [--kernels deepseek]
         [--workloads layer:8192,decode:128x4096] [--seconds 20] [--cool 5] [--duty 1] [--group 1]
+        [--ep 32] [--redundant-per-gpu 1]
         --out FILE.json
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import subprocess
 import sys
@@ -45,7 +47,6 @@ from ..errors import UserError
 from .device_cli import add_device_args, measure_to_json
 
 WINDOW_S = 0.5
-LAYER_LOCAL_EXPERTS = 9  # EP32 with one redundant expert per GPU: 256 / 32 + 1
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,11 @@ def parse_workloads(text: str) -> list[Workload]:
     return out
 
 
-def build_call(bench: Any, w: Workload) -> tuple[Callable[[], object], Callable[[], None]]:
-    """The workload's call and what readies it before each, on ``bench`` (a TorchBench)."""
+def build_call(
+    bench: Any, w: Workload, layer_experts: int
+) -> tuple[Callable[[], object], Callable[[], None]]:
+    """The workload's call and what readies it before each, on ``bench`` (a TorchBench);
+    ``layer_experts``: the local experts of a ``layer`` workload."""
     kind = bench.kinds[0]
     if w.kind == "prefill":
         return bench.prefill_call(kind, w.sizes[0], 0)
@@ -90,8 +94,7 @@ def build_call(bench: Any, w: Workload) -> tuple[Callable[[], object], Callable[
     if w.kind == "decode":
         return bench.decode_call(kind, w.sizes[0], w.sizes[1], 1)
     attn, reset = bench.prefill_call(kind, w.sizes[0], 0)
-    local = min(LAYER_LOCAL_EXPERTS, bench.spec.moe.routed_experts)
-    experts = bench.moe_experts_call(local, w.sizes[0])
+    experts = bench.moe_experts_call(layer_experts, w.sizes[0])
 
     def layer() -> None:
         attn()
@@ -228,38 +231,40 @@ def measure(
     hardware: str | None = None,
     duty: float = 1.0,
     group: int = 1,
+    ep: int = 32,
+    redundant_per_gpu: int = 1,
 ) -> dict[str, Any]:
-    from .torch_bench import GRAPH_WORTH_S, TorchBench
+    """``ep``, ``redundant_per_gpu``: the deployment whose local experts a ``layer`` workload's
+    experts are (the model's routed experts / ep + redundant, rounded up)."""
+    from .torch_bench import TorchBench
 
     bench = TorchBench(device, model, hardware, backend=kernels, max_batch=256)
+    layer_experts = min(
+        math.ceil(bench.spec.experts_per_gpu(ep, redundant_per_gpu)),
+        bench.spec.moe.routed_experts,
+    )
     sampler = ClockSampler()
     results: list[dict[str, Any]] = []
     phases: list[dict[str, tuple[float, float]]] = []
     try:
         bench.warmup()
         for w in workloads:
-            fn, reset = build_call(bench, w)
+            fn, reset = build_call(bench, w, layer_experts)
             t_a = time.time()
-            burst = bench._measure(None, fn, reset)
+            burst, _, call, ready = bench.timed_call(
+                fn, reset
+            )  # a graph's replay where it times one
             t_b = time.time()
-            call, ready = fn, reset
-            graphed = False
-            if bench.cuda and burst <= GRAPH_WORTH_S:  # the calibration replays a graph here
-                from ..kernels._util import capture_graph
-
-                reset()
-                graph = capture_graph(bench.device, fn, reset)
-                call, ready, graphed = graph.replay, (lambda: None), True
             windows = sustained_windows(call, ready, seconds, bench.cuda, duty, group)
             t_c = time.time()
-            hot = bench._measure(None, fn, reset)
+            hot = bench.timed_call(fn, reset)[0]
             t_d = time.time()
             last = [s for _, s, _ in windows[len(windows) - max(1, len(windows) // 3) :]]
             sustained = float(np.median(last))
             results.append(
                 {
                     "workload": w.name,
-                    "graphed": graphed,
+                    "graphed": call is not fn,
                     "burst_s": burst,
                     "sustained_s": sustained,
                     "burst_hot_s": hot,
@@ -287,6 +292,7 @@ def measure(
         "seconds": seconds,
         "duty": duty,
         "group": group,
+        "layer_experts": layer_experts,
         "window_s": WINDOW_S,
         "workloads": results,
     }
@@ -304,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--group", type=int, default=1, help="with --duty: calls back to back between idle gaps"
     )
+    ap.add_argument("--ep", type=int, default=32, help="a layer workload's expert parallelism")
+    ap.add_argument(
+        "--redundant-per-gpu", type=int, default=1, help="a layer workload's redundant experts"
+    )
     add_device_args(ap)
     args = ap.parse_args(argv)
 
@@ -314,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"--duty {args.duty}: a busy share in (0, 1]")
         if args.group < 1:
             raise UserError(f"--group {args.group}: at least one call")
+        if args.ep < 1 or args.redundant_per_gpu < 0:
+            raise UserError("--ep must be positive and --redundant-per-gpu not negative")
         workloads = parse_workloads(args.workloads)
         return measure(
             args.model,
@@ -325,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             args.hardware,
             args.duty,
             args.group,
+            args.ep,
+            args.redundant_per_gpu,
         )
 
     return 0 if measure_to_json(args.out, run) is not None else 2

@@ -51,6 +51,10 @@ PREFILL_GRAPH_TOKENS = 16384
 GRAPH_WORTH_S = 0.02  # calls longer than this are timed eagerly only
 
 
+def _nothing() -> None:
+    """What readies a graph's replay: nothing."""
+
+
 def detect_hardware(device_name: str) -> str:
     for key, name in DETECT.items():
         if key in device_name.upper():
@@ -315,15 +319,25 @@ class TorchBench:
     ) -> float:
         """The graphed GPU time of ``fn`` where it can be captured (else eager), recording what
         eager launching adds for this component (None: a component no profile keeps it for)."""
+        seconds, eager, call, _ = self.timed_call(fn, reset)
+        if component is not None and call is not fn:
+            self.host_overhead[component].append(max(0.0, eager - seconds))
+        return seconds
+
+    def timed_call(
+        self, fn: Callable[[], object], reset: Callable[[], None] | None = None
+    ) -> tuple[float, float, Callable[[], object], Callable[[], None]]:
+        """(the calibration's time of ``fn``, its eager time, the call that time is of, what
+        readies that call): the graphed GPU time and the graph's replay (readied by nothing)
+        where ``fn`` is short and can be captured, else the eager time and ``fn`` itself."""
+        ready = reset or _nothing
         eager = self._time(fn, reset)
         if eager > GRAPH_WORTH_S:  # launch gaps are noise at this size: spare the capture
-            return eager
-        graphed = self._time_graph(fn, reset or (lambda: None))
-        if graphed is None:
-            return eager
-        if component is not None:
-            self.host_overhead[component].append(max(0.0, eager - graphed))
-        return graphed
+            return eager, eager, fn, ready
+        graph = self._capture(fn, ready)
+        if graph is None:
+            return eager, eager, fn, ready
+        return self._time(graph.replay, _nothing), eager, graph.replay, _nothing
 
     def warmup(self) -> None:
         """~2 s of large GEMMs so the clocks are up before the first timed shape."""
@@ -337,9 +351,9 @@ class TorchBench:
                 a @ a
             torch.cuda.synchronize(self.device)
 
-    def _time_graph(self, fn: Callable[[], object], reset: Callable[[], None]) -> float | None:
-        """Median time of ``fn`` replayed as a CUDA graph (the GPU's own time, no launch gaps),
-        or None where it cannot be captured (CPU, or an op that syncs with the host)."""
+    def _capture(self, fn: Callable[[], object], reset: Callable[[], None]) -> Any:
+        """``fn`` captured as a CUDA graph, or None where it cannot be (CPU, graphs off, or an
+        op that syncs with the host)."""
         torch = self.torch
         if not self.cuda or not self.use_graphs:
             return None
@@ -347,16 +361,13 @@ class TorchBench:
 
         try:
             reset()
-            graph = capture_graph(self.device, fn, reset)
+            return capture_graph(self.device, fn, reset)
         except Exception as exc:  # capture is best effort: fall back to eager timing
             self.graph_failures += 1
             if self.graph_failures <= 3:
                 print(f"  cuda graph capture failed ({type(exc).__name__}: {str(exc)[:100]})")
             torch.cuda.synchronize(self.device)
             return None
-        t = self._time(graph.replay, lambda: None)
-        del graph
-        return t
 
     def moe_block(self, local_experts: int) -> Any:
         if local_experts not in self._moe:

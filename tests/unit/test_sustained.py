@@ -55,6 +55,7 @@ def test_a_cpu_run_writes_every_phase(tmp_path):
     assert sustained.main([*args, "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["model"] == "toy-v4" and res["seconds"] == 0.6
+    assert res["layer_experts"] == 2  # the toy's 8 routed experts / EP32 + 1 redundant, rounded up
     assert [w["workload"] for w in res["workloads"]] == ["layer:32", "decode:2x32"]
     for w in res["workloads"]:
         assert w["burst_s"] > 0 and w["sustained_s"] > 0 and w["burst_hot_s"] > 0
