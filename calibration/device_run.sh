@@ -27,9 +27,10 @@
 # batches of mixed context lengths, --decode-spread $DECODE_SPREAD, default 0.5), mixed
 # (calibration/mixed_contexts.py: uniform vs mixed lengths), sustained (V3's prefill layer,
 # attention, experts and decode timed the calibration's way and back to back for 45 s or
-# 12 s, the GPU's clocks sampled: calibration/sustained.py, $SUSTAINED_LONG / $SUSTAINED_SHORT),
+# 12 s, the GPU's clocks sampled: calibration/sustained.py, $SUSTAINED_LONG / $SUSTAINED_SHORT,
+# the long run's windows $SUSTAINED_WINDOW seconds),
 # sustainedduty (the prefill layer busy 25 / 50 / 75 % of the time, $SUSTAINED_DUTIES, in bursts
-# of $SUSTAINED_GROUP calls),
+# of $SUSTAINED_GROUP calls, $SUSTAINED_DUTY_S seconds each),
 # launchgap (graphed decode, routed-expert and small prefill calls timed one replay after a sync,
 # as the calibration does, and back to back: calibration/launch_gap.py, $LAUNCH_GAP_MODELS), layerkernels (the kernels of one
 # decode step of an attention block, calibration/layer_kernels.py, for each model in
@@ -137,13 +138,15 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
         --models "${LAUNCH_GAP_MODELS:-deepseek-v3,deepseek-v3@tp8,deepseek-v4.1-flash}" \
         --out "$OUT/launch_gap.json" ;;
     sustained) run 200 "sustained layer" $P.calibration.sustained --model deepseek-v3 \
+        --window "${SUSTAINED_WINDOW:-0.5}" \
         --workloads "${SUSTAINED_LONG:-layer:8192}" --seconds "${SUSTAINED_LONG_S:-45}" \
         --out "$OUT/sustained_long.json"
       run 200 sustained $P.calibration.sustained --model deepseek-v3 --seconds 12 \
         --workloads "${SUSTAINED_SHORT:-prefill:8192,experts:9x8192,decode:128x4096,layer:2048}" \
         --out "$OUT/sustained.json" ;;
     sustainedduty) for d in ${SUSTAINED_DUTIES:-0.25 0.5 0.75}; do  # the slowdown at partial load
-        run 120 "sustained duty $d" $P.calibration.sustained --model deepseek-v3 --seconds 12 \
+        run 120 "sustained duty $d" $P.calibration.sustained --model deepseek-v3 \
+          --seconds "${SUSTAINED_DUTY_S:-12}" \
           --workloads layer:8192 --duty "$d" --group "${SUSTAINED_GROUP:-1}" \
           --out "$OUT/sustained_duty_$d.json"; done ;;
     moev3) run 300 moev3 $P.calibration.moe_split measure --out "$OUT/moe_v3.json" \

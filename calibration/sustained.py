@@ -8,7 +8,7 @@ times one call three ways on the same GPU:
 * ``burst``: exactly as the calibration does (after ``TorchBench.warmup``);
 * ``sustained``: the same call back to back for ``seconds`` (replayed as a CUDA graph where the
   calibration would replay one), every call timed with CUDA events, read in windows of about
-  half a second; its figure is the median over the last third of the windows;
+  half a second (``--window``); its figure is the median over the last third of the windows;
 * ``burst_hot``: the calibration's way again straight after, the GPU still warm;
 
 and samples the SM clock, power and temperature (``nvidia-smi``, every 100 ms) in each phase.
@@ -23,7 +23,7 @@ the local experts of ``--ep`` ranks with ``--redundant-per-gpu``, default 32 and
 
     python -m deepinfer_sim.calibration.sustained --model deepseek-v3 [--kernels deepseek]
         [--workloads layer:8192,decode:128x4096] [--seconds 20] [--cool 5] [--duty 1] [--group 1]
-        [--ep 32] [--redundant-per-gpu 1]
+        [--window 0.5] [--ep 32] [--redundant-per-gpu 1]
         --out FILE.json
 """
 
@@ -110,11 +110,12 @@ def sustained_windows(
     cuda: bool,
     duty: float = 1.0,
     group: int = 1,
+    window: float = WINDOW_S,
 ) -> list[tuple[float, float, int]]:
     """``fn`` back to back for ``seconds`` (``duty`` < 1: every ``group`` calls followed by an
     idle gap that leaves the GPU busy that share of the time — the same share in longer bursts
-    as ``group`` grows): per window of ~WINDOW_S, (seconds since the start at its end, median
-    seconds per call, calls)."""
+    as ``group`` grows): per window of ~``window`` seconds, (seconds since the start at its
+    end, median seconds per call, calls)."""
     import torch
 
     out: list[tuple[float, float, int]] = []
@@ -122,7 +123,7 @@ def sustained_windows(
     while (now := time.perf_counter() - t0) < seconds:
         times: list[float] = []
         if duty < 1.0:
-            while time.perf_counter() - t0 - now < WINDOW_S:
+            while time.perf_counter() - t0 - now < window:
                 busy = 0.0
                 for _ in range(group):
                     reset()
@@ -138,7 +139,7 @@ def sustained_windows(
                 time.sleep(busy * (1.0 / duty - 1.0))
         elif cuda:
             pairs = []
-            while time.perf_counter() - t0 - now < WINDOW_S:
+            while time.perf_counter() - t0 - now < window:
                 reset()
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
@@ -150,7 +151,7 @@ def sustained_windows(
             pairs[-1][1].synchronize()
             times = [a.elapsed_time(b) / 1e3 for a, b in pairs]
         else:
-            while time.perf_counter() - t0 - now < WINDOW_S:
+            while time.perf_counter() - t0 - now < window:
                 reset()
                 s = time.perf_counter()
                 fn()
@@ -233,6 +234,7 @@ def measure(
     group: int = 1,
     ep: int = 32,
     redundant_per_gpu: int = 1,
+    window: float = WINDOW_S,
 ) -> dict[str, Any]:
     """``ep``, ``redundant_per_gpu``: the deployment whose local experts a ``layer`` workload's
     experts are (the model's routed experts / ep + redundant, rounded up)."""
@@ -255,7 +257,7 @@ def measure(
                 fn, reset
             )  # a graph's replay where it times one
             t_b = time.time()
-            windows = sustained_windows(call, ready, seconds, bench.cuda, duty, group)
+            windows = sustained_windows(call, ready, seconds, bench.cuda, duty, group, window)
             t_c = time.time()
             hot = bench.timed_call(fn, reset)[0]
             t_d = time.time()
@@ -293,7 +295,7 @@ def measure(
         "duty": duty,
         "group": group,
         "layer_experts": layer_experts,
-        "window_s": WINDOW_S,
+        "window_s": window,
         "workloads": results,
     }
 
@@ -310,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--group", type=int, default=1, help="with --duty: calls back to back between idle gaps"
     )
+    ap.add_argument(
+        "--window", type=float, default=WINDOW_S, help="seconds per window of the sustained phase"
+    )
     ap.add_argument("--ep", type=int, default=32, help="a layer workload's expert parallelism")
     ap.add_argument(
         "--redundant-per-gpu", type=int, default=1, help="a layer workload's redundant experts"
@@ -322,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--seconds must be positive and --cool not negative")
         if not 0 < args.duty <= 1:
             raise UserError(f"--duty {args.duty}: a busy share in (0, 1]")
+        if args.window <= 0:
+            raise UserError(f"--window {args.window}: seconds, positive")
         if args.group < 1:
             raise UserError(f"--group {args.group}: at least one call")
         if args.ep < 1 or args.redundant_per_gpu < 0:
@@ -339,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             args.group,
             args.ep,
             args.redundant_per_gpu,
+            args.window,
         )
 
     return 0 if measure_to_json(args.out, run) is not None else 2

@@ -37,6 +37,7 @@ from ..validation import FrozenModel
 from .attention import AttentionCost, TermSum
 from .comm import AllToAll, AllToAllParams
 from .hardware import HardwareSpec
+from .power_limit import SustainedClock
 from .spec import ModelSpec, compute_class
 
 Phase = Literal["prefill", "decode", "replay"]
@@ -89,6 +90,11 @@ class StepParams(FrozenModel):
     )
     all_to_all: AllToAllParams = AllToAllParams()
     tensor_parallel: TensorParallelParams = TensorParallelParams()
+    sustained_clock: bool = Field(
+        True,
+        description="slow prefill compute at the power limit as the hardware file's "
+        "sustained_clock says (hardware without one: no slowdown)",
+    )
 
 
 class RooflineParams(FrozenModel):
@@ -96,7 +102,7 @@ class RooflineParams(FrozenModel):
 
     # the defaults of gemm_efficiency, memory_efficiency and layer_overhead_s are fitted on the
     # published corpus (planner/analysis/corpus_fit.py, docs/validation.md), rounded
-    gemm_efficiency: float = Field(0.34, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
+    gemm_efficiency: float = Field(0.36, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
     attention_efficiency: float = Field(
         0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
     )
@@ -217,6 +223,10 @@ class StepCost(ABC):
     shape: PoolShape
     step_overhead_s: float
     comm_overlap: float
+    sustained_clock: SustainedClock | None = None  # prefill compute at the power limit
+    # the share of the last prefill_step's time its GPUs computed (an eager engine's host-bound
+    # step leaves them idle for the rest): what the power limiter sees of it
+    prefill_busy_share: float = 1.0
     _a2a: AllToAll  # the pool's expert-parallel exchange
 
     @abstractmethod
@@ -241,6 +251,17 @@ class StepCost(ABC):
     @abstractmethod
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """Routed-expert time of one rank that receives this many tokens (per MoE layer)."""
+
+    def _set_power_limit(self, hw: HardwareSpec, step: StepParams) -> None:
+        """The hardware's clock at its power limit (:mod:`.power_limit`), unless switched off."""
+        self.sustained_clock = hw.sustained_clock if step.sustained_clock else None
+
+    @property
+    def sustained_slowdown(self) -> float:
+        """Prefill compute's slowdown when steps run back to back (steady points); 1 where the
+        hardware states none or the scenario switched it off."""
+        clock = self.sustained_clock
+        return clock.slowdown if clock is not None else 1.0
 
     def _set_tensor_parallel(self, model: ModelSpec, hw: HardwareSpec, step: StepParams) -> None:
         """The all-reduces of a ``shape.tp``-wide group, per layer: α + β·tokens, a ring's
@@ -421,10 +442,12 @@ class StepCost(ABC):
         )
 
     def prefill_breakdown(
-        self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0
+        self, ranks: Sequence[Sequence[Chunk]], imbalance: float = 1.0, slowdown: float = 1.0
     ) -> StepBreakdown:
         """:meth:`prefill_step`'s parts for ranks computing these chunks (no SWA replay)."""
-        dense, moe, comm, permute, bare = self._prefill_parts(ranks, imbalance, bare=True)
+        dense, moe, comm, permute, bare = self._prefill_parts(
+            ranks, imbalance, bare=True, slowdown=slowdown
+        )
         share = 0.5 if self.shape.two_batch_overlap else 1.0
         tokens_max = max((float(sum(n for n, _ in c)) for c in ranks), default=0.0)
         tp_comm = self.tp_comm_s(share * tokens_max, "prefill")
@@ -436,11 +459,13 @@ class StepCost(ABC):
         imbalance: float,
         replay: Sequence[Sequence[Chunk]] = (),
         bare: bool = False,
+        slowdown: float = 1.0,
     ) -> tuple[float, float, float, float, float]:
         """(slowest rank's dense time, routed experts, all-to-all, the engine's permutes — part
         of the routed experts —, and with ``bare`` the slowest rank's dense time without
         attention, else 0) of a prefill step — of one of its two micro-batches (their mean)
-        under two-batch overlap."""
+        under two-batch overlap. ``slowdown`` multiplies the compute (the GPU's clock at its
+        power limit: :mod:`.power_limit`), not the all-reduces or the exchange."""
         tbo = self.shape.two_batch_overlap
         prefill_dense = self.prefill_dense
         no_attention = self.prefill_dense_without_attention
@@ -486,15 +511,19 @@ class StepCost(ABC):
             share * tokens_max, share * tokens_sum, imbalance, "prefill"
         )
         permute = self._permute_s(share * tokens_sum, imbalance, "prefill")
-        tp = self.tp_comm_s(share * tokens_max, "prefill")
-        dense_max += tp
-        bare_max += tp
         if replay_sum:
             r_moe, r_comm = self.experts_and_exchange(
                 share * replay_max, share * replay_sum, imbalance, "replay"
             )
             moe, comm = moe + r_moe, comm + r_comm
             permute += self._permute_s(share * replay_sum, imbalance, "replay")
+        if slowdown != 1.0:
+            dense_max, bare_max = dense_max * slowdown, bare_max * slowdown
+            moe, permute = moe * slowdown, permute * slowdown
+        tp = self.tp_comm_s(share * tokens_max, "prefill")
+        dense_max += tp
+        bare_max += tp
+        if replay_sum:
             tp = self.tp_comm_s(share * replay_max, "replay")
             dense_max += tp
             bare_max += tp
@@ -505,11 +534,15 @@ class StepCost(ABC):
         ranks: Sequence[Sequence[Chunk]],
         imbalance: float = 1.0,
         replay: Sequence[Sequence[Chunk]] = (),
+        slowdown: float = 1.0,
     ) -> float:
         """Step time of a prefill instance whose DP ranks compute the given chunks through the
-        prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers."""
+        prefill layers and (``replay``, per rank) SWA-replay chunks through the decoder layers,
+        their compute ``slowdown`` times the calibration's (the clock at the power limit)."""
         reserved = self.shape.reserved_gemm_sms
-        dense, moe, comm, permute, bare = self._prefill_parts(ranks, imbalance, replay, reserved)
+        dense, moe, comm, permute, bare = self._prefill_parts(
+            ranks, imbalance, replay, reserved, slowdown
+        )
         gemm = (bare, moe - permute) if reserved else None
         return self.compose_step(dense, moe, comm, "prefill", gemm)
 
@@ -704,6 +737,7 @@ class RooflineStepCost(StepCost):
         self._m_kv = bytes_b / bw
         self._a2a = AllToAll(model, hw, shape.ep, step.all_to_all)
         self._set_tensor_parallel(model, hw, step)
+        self._set_power_limit(hw, step)
 
     def moe_s(self, tokens_per_rank: float, phase: Phase) -> float:
         """max(FLOPs, weights of the experts the tokens reach): R = tokens·top_k token-expert

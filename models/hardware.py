@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..validation import FrozenModel
+from .power_limit import SustainedClock
 
 
 class FlopRates(FrozenModel):
@@ -49,6 +50,11 @@ class HardwareSpec(FrozenModel):
     host_memory_bytes_per_gpu: float = Field(ge=0)
     scaleup: ScaleUp
     scaleout: ScaleOut
+    sustained_clock: SustainedClock | None = Field(
+        None,
+        description="compute-bound work's slowdown at the power limit, where measured "
+        "(models/power_limit.py); None: not measured, no slowdown",
+    )
 
     def flops(self, compute_class: str) -> float:
         """Dense FLOP/s of a compute class; a missing low-precision unit runs at the next wider

@@ -187,26 +187,31 @@ class ProfileStepCost(StepCost):
             model, hw, shape.ep, step.all_to_all, a2a.link_efficiency, a2a.latency_s
         )
         self._set_tensor_parallel(model, hw, step)
+        self._set_power_limit(hw, step)
 
     def prefill_step(
         self,
         ranks: Sequence[Sequence[Chunk]],
         imbalance: float = 1.0,
         replay: Sequence[Sequence[Chunk]] = (),
+        slowdown: float = 1.0,
     ) -> float:
         graphed = self._graphed  # replay rows are rows of the prompts: not counted twice
         tokens = sum(n for c in ranks for n, _ in c)
+        self.prefill_busy_share = 1.0
         if graphed is not None and tokens <= self._graph_tokens:
-            t = graphed.prefill_step(ranks, imbalance, replay) + self.prefill_loop_s
+            t = graphed.prefill_step(ranks, imbalance, replay, slowdown) + self.prefill_loop_s
             seqs = sum(len(c) for c in ranks)
             return t + self._graph_step_s + self._graph_seq_s * seqs + self._graph_token_s * tokens
-        t = super().prefill_step(ranks, imbalance, replay)
+        t = super().prefill_step(ranks, imbalance, replay, slowdown)
         if self._pre_host is None:
             return t
         h0, h_seq, h_tok, exposed = self._pre_host
         seqs = sum(len(c) for c in ranks)
         host = h0 + h_seq * seqs + h_tok * tokens
-        return max(t, host) + exposed * min(t, host) + self.prefill_loop_s
+        step = max(t, host) + exposed * min(t, host) + self.prefill_loop_s
+        self.prefill_busy_share = t / step  # the GPU waits on the host for the rest
+        return step
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
         A, B, C, D, E, F = self._pre

@@ -5,8 +5,10 @@ sequences at ``context`` tokens, each computing ``verify`` tokens and emitting `
 step — and asks the pool's StepCost for the step time and where it goes
 (:meth:`StepCost.decode_breakdown`). A prefill point fills every DP rank of one prefill instance
 with ``tokens_per_gpu`` new tokens as whole prompts with no cached prefix
-(:meth:`StepCost.prefill_breakdown`). Both are a handful of closed-form evaluations, so a curve of
-them (``deepinfer-sim cost``, :func:`decode_at_user_speed`'s bisection) costs milliseconds.
+(:meth:`StepCost.prefill_breakdown`), its steps back to back: its compute at the hardware's
+sustained clock (``StepCost.sustained_slowdown``, models/power_limit.py). Both are a handful of
+closed-form evaluations, so a curve of them (``deepinfer-sim cost``,
+:func:`decode_at_user_speed`'s bisection) costs milliseconds.
 
 What the point leaves out, against a cluster run: queueing, ragged batches and contexts, the
 scheduler's choices (dspark's per-sequence verify lengths), and live expert imbalance — the
@@ -375,7 +377,7 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
     _check_prefill_fits(sc, model, hw)
     imbalance = sc.policies.expert_imbalance.prefill
     chunks = prefill_chunks(per_rank, prompt, cached)
-    bd = cost.prefill_breakdown([chunks] * dp, imbalance)
+    bd = cost.prefill_breakdown([chunks] * dp, imbalance, cost.sustained_slowdown)
     rate = tokens_per_gpu / bd.step_s
     return _prefill_steady(
         (cost, model, hw, name), imbalance, bd, bd.step_s, tokens_per_gpu, rate, prompt, cached
@@ -429,7 +431,7 @@ def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
     bd: StepBreakdown | None = None
     while done < prompt:
         n = min(chunk, prompt - done)
-        bd = cost.prefill_breakdown([[(n, done)]] * dp, imbalance)
+        bd = cost.prefill_breakdown([[(n, done)]] * dp, imbalance, cost.sustained_slowdown)
         total += bd.step_s
         done += n
         steps += 1

@@ -104,11 +104,18 @@ def _prefill(cl: Cluster, rep: Reports) -> dict[str, Any]:
         "flops": sum(s["flops"] for s in stats),
         "replay_flops": sum(s["replay_flops"] for s in stats),
         "steps": sum(s["prefill_steps" if agg is not None else "steps"] for s in stats),
+        # the prefill steps' mean compute slowdown at the power limit (models/power_limit.py)
+        "clock_slowdown_mean": _mean_slowdown(stats) if agg is None else None,
         "swa_hits": int(((looked == 2) | (looked == 3)).sum()),
         "swa_remote_hits": int((looked == 3).sum()),
         "swa_misses": int((looked == 1).sum()),
         "by_tier": by_tier,
     }
+
+
+def _mean_slowdown(stats: list[Report]) -> float | None:
+    steps = sum(s["steps"] for s in stats)
+    return sum(s["slowdown_sum"] for s in stats) / steps if steps else None
 
 
 def _cache(cl: Cluster, rep: Reports) -> dict[str, Any]:

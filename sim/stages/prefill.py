@@ -26,6 +26,7 @@ import numpy as np
 import simpy
 
 from ...models.cost import Chunk, StepCost
+from ...models.power_limit import BusyShare
 from ..core.requests import RequestTable, State
 from ..core.steploop import StepLoop
 from ..policies.chunking import ChunkPolicy, chunk_time
@@ -146,7 +147,9 @@ class PrefillEngine(Protocol):
 class PrefillInstance(StepLoop):
     __slots__ = (
         "busy_s",
+        "busy_share",
         "chunking",
+        "clock",
         "cost",
         "dp",
         "experts",
@@ -160,6 +163,8 @@ class PrefillInstance(StepLoop):
         "quad",
         "rank_tokens",
         "ranks",
+        "slowdown",
+        "slowdown_sum",
         "stats",
         "step_items",
         "steps",
@@ -208,6 +213,12 @@ class PrefillInstance(StepLoop):
         self.busy_s = 0.0
         self.steps = 0
         self.stats = PrefillStats()
+        # the GPU's clock at its power limit (models/power_limit.py); None: not modelled
+        clock = cost.sustained_clock
+        self.clock = BusyShare(clock) if clock is not None else None
+        self.slowdown = 1.0  # the step in flight's
+        self.busy_share = 1.0  # the share of the step in flight its GPUs compute
+        self.slowdown_sum = 0.0  # the finished steps', summed (their mean is reported)
 
     def predicted_s(self, n: int, p: int) -> float:
         _, b, c, d = self.quad
@@ -258,7 +269,12 @@ class PrefillInstance(StepLoop):
         imbalance, stall = self.imbalance, 0.0
         if self.experts is not None:
             imbalance, stall = self._expert_step(now)
-        return stall + self.cost.prefill_step(chunks, imbalance, replays)
+        if self.clock is None:
+            return stall + self.cost.prefill_step(chunks, imbalance, replays)
+        slowdown = self.slowdown = self.clock.factor(now)
+        step = self.cost.prefill_step(chunks, imbalance, replays, slowdown)
+        self.busy_share = self.cost.prefill_busy_share * step / (stall + step)
+        return stall + step
 
     def _expert_step(self, now: float) -> tuple[float, float]:
         """Routed tokens of this step per class (chunks: prefill layers; decoder replay: the
@@ -282,6 +298,9 @@ class PrefillInstance(StepLoop):
         self.steps += 1
         stats = self.stats
         now = self.env.now
+        if self.clock is not None:
+            self.clock.ended(now, dt, self.busy_share)
+        self.slowdown_sum += self.slowdown
         finished: list[int] = []
         for seq, n, replay in self.step_items:
             stats.count(seq, n, replay, self.flops)
@@ -314,4 +333,5 @@ class PrefillInstance(StepLoop):
             "flops": stats.flops,
             "replay_flops": stats.replay_flops,
             "queued": self.queued,
+            "slowdown_sum": self.slowdown_sum,
         }

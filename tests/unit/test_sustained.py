@@ -4,6 +4,7 @@ model (workload parsing, the windows, the clock samples' parsing, the JSON it wr
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -110,3 +111,16 @@ def test_a_duty_outside_0_1_is_refused(capsys, tmp_path):
     assert sustained.main([*args, "--duty", "0.5", "--group", "0"]) == 2
     err = capsys.readouterr().err
     assert "--duty 1.5" in err and "--group 0" in err
+
+
+def test_windows_follow_the_window_length():
+    """``window`` sets how long each window runs: 0.05 s windows over 0.3 s come to about six,
+    where the default half second gives one."""
+
+    def fn() -> None:
+        sum(range(2000))
+
+    short = sustained.sustained_windows(fn, lambda: None, 0.3, False, window=0.05)
+    default = sustained.sustained_windows(fn, lambda: None, 0.3, False)
+    assert len(short) >= 5 and len(default) == 1
+    assert all(b[0] > a[0] for a, b in itertools.pairwise(short))
