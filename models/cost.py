@@ -102,7 +102,7 @@ class RooflineParams(FrozenModel):
 
     # the defaults of gemm_efficiency, memory_efficiency and layer_overhead_s are fitted on the
     # published corpus (planner/analysis/corpus_fit.py, docs/validation.md), rounded
-    gemm_efficiency: float = Field(0.36, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
+    gemm_efficiency: float = Field(0.35, gt=0, le=1, description="fraction of peak FLOP/s in GEMMs")
     attention_efficiency: float = Field(
         0.3, gt=0, le=1, description="fraction of peak FLOP/s in attention kernels"
     )
