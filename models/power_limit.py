@@ -4,10 +4,10 @@ computed with few breaks, against the calibration's short timing of the same cal
 A hardware file's ``sustained_clock`` states it, measured with ``calibration/sustained.py``
 (docs/validation.md, "Prefill under sustained load"): a call timed the calibration's way (a few
 synchronized calls after a warm-up) and back to back for seconds, and at partial busy shares.
-The power limiter averages over about a tenth of a second, so what sets the clock is how busy
-the GPU was over its recent past. The model keeps that as an exponentially weighted busy share
-(time constant ``window_s``) and slows a step's compute linearly from 1 at ``onset_share`` to
-``slowdown`` at a GPU busy without a break::
+The power limiter averages over a few tenths of a second (calls 44-45), so what sets the clock
+is how busy the GPU was over its recent past. The model keeps that as an exponentially weighted
+busy share (time constant ``window_s``) and slows a step's compute linearly from 1 at
+``onset_share`` to ``slowdown`` at a GPU busy without a break::
 
     factor(s) = 1 + (slowdown − 1) · clip((s − onset_share) / (1 − onset_share), 0, 1)
 
@@ -63,13 +63,18 @@ class BusyShare:
         self._last_dt = 0.0
         self._busy = 1.0
 
-    def factor(self, now: float) -> float:
-        w = self._clock.window_s
+    def share(self, now: float) -> float:
+        """The busy share at ``now``, decayed over the idle time since the last step ended."""
         share = self._share
         idle = now - self._last_end
         if share and idle > 0:
-            share *= fpmath.exp(-idle / w)
+            share *= fpmath.exp(-idle / self._clock.window_s)
             self._share = share
+        return share
+
+    def factor(self, now: float) -> float:
+        w = self._clock.window_s
+        share = self.share(now)
         dt = self._last_dt
         if dt <= 0:
             return self._clock.factor(share)

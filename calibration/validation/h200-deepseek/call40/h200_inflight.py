@@ -4,15 +4,16 @@ power-limit model (models/power_limit.py, window 0.2 s) gives the GPU as the ste
 Output: h200_inflight.txt. Run from the repository root: python <this file>."""
 
 import json
-import math
 from pathlib import Path
 
 import pandas as pd
 
 from deepinfer_sim.calibration.validate import ReplayShape, validation_cost
+from deepinfer_sim.models.power_limit import BusyShare, SustainedClock
 from deepinfer_sim.models.profile import load_profile
 
-WINDOW_S = 0.2
+# the share as the model keeps it (window 0.2 s; the slowdown values are not used here)
+CLOCK = SustainedClock(slowdown=1.0, window_s=0.2, onset_share=0.5, source="analysis")
 ROOT = Path("calibration/validation/h200-deepseek")
 rows = []
 for call in ["call17", "call18", "call22", "call25", "call27", "call28"]:
@@ -22,19 +23,16 @@ for call in ["call17", "call18", "call22", "call25", "call27", "call28"]:
     for path in sorted(folder.glob("replay_mooncake_conversation_prefill_steps*.csv")):
         steps = pd.read_csv(path)
         cols = ("start_s", "end_s", "gpu_s", "prefill_tokens", "prefill_seqs", "decode_seqs")
-        share, last_end = 0.0, -1.0
+        busy = BusyShare(CLOCK)
         for start, end, gpu, tokens, seqs, decoding in zip(
             *(steps[c].to_numpy(dtype=float).tolist() for c in cols), strict=True
         ):
-            if last_end >= 0:
-                share *= math.exp(-(start - last_end) / WINDOW_S)
+            share = busy.share(start)
             if seqs == 1 and decoding == 0:
                 predicted = cost.prefill_step([[(int(tokens), 0)]])
                 rows.append((call, share, gpu / predicted))
             dt = end - start
-            busy = min(1.0, gpu / dt) if dt > 0 else 1.0
-            share = busy - (busy - share) * math.exp(-dt / WINDOW_S)
-            last_end = end
+            busy.ended(end, dt, min(1.0, gpu / dt) if dt > 0 else 1.0)
 d = pd.DataFrame(rows, columns=["call", "share", "measured_over_predicted"])
 d["busy_share"] = pd.cut(d.share, [-0.01, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0])
 table = d.groupby("busy_share", observed=True).measured_over_predicted.describe()
