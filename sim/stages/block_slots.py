@@ -125,12 +125,9 @@ class BlockSlots:
         if self._table is None:
             if not len(keys):
                 return np.zeros(0, dtype=np.intp)
-            self._added += len(keys)
             high = int(keys.view(np.uint64).max())  # a negative key reads as a huge one
-            if high < max(self.direct_span, 4 * self._added):
-                self._high = max(self._high, high)
-                if high + 2 > self.columns.size:
-                    self.columns.grow(max(high + 2, 2 * self.columns.size))
+            if self.stays_direct(len(keys), high):
+                self.take_direct(len(keys), high)
                 return keys + 1
             self._to_hash_mode()
         slots = self._probe(keys)
@@ -138,6 +135,19 @@ class BlockSlots:
         if new.any():
             slots[new] = self._insert(keys[new])
         return slots
+
+    def stays_direct(self, count: int, high: int) -> bool:
+        """Whether adding ``count`` keys whose largest, read as unsigned, is ``high`` (-1: above
+        the largest int64) keeps the slots direct."""
+        return self._table is None and 0 <= high < max(self.direct_span, 4 * (self._added + count))
+
+    def take_direct(self, count: int, high: int) -> None:
+        """Account for ``count`` keys up to ``high`` added as direct slots (the columns grow to
+        fit them); :meth:`stays_direct` said they may be."""
+        self._added += count
+        self._high = max(self._high, high)
+        if high + 2 > self.columns.size:
+            self.columns.grow(max(high + 2, 2 * self.columns.size))
 
     # ---- hash mode --------------------------------------------------------------------------
     def _to_hash_mode(self) -> None:
@@ -259,13 +269,17 @@ class SlotQueue:
     def push(self, slots: SlotArray, pos: np.ndarray, live: LiveMask) -> np.ndarray:
         """Append ``slots`` in order; their positions (now in ``pos``)."""
         n = len(slots)
-        if self.tail + n > len(self.items):
-            self._compact(n, pos, live)
+        self.make_room(n, pos, live)
         at = np.arange(self.tail, self.tail + n, dtype=np.int32)
         self.items[self.tail : self.tail + n] = slots
         pos[slots] = at
         self.tail += n
         return at
+
+    def make_room(self, n: int, pos: np.ndarray, live: LiveMask) -> None:
+        """Room for ``n`` more entries after ``tail`` (compacting first if there is none)."""
+        if self.tail + n > len(self.items):
+            self._compact(n, pos, live)
 
     def push_one(self, slot: int, pos: np.ndarray, live: LiveMask) -> None:
         """Append one slot."""

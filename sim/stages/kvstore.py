@@ -29,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import ConfigError
+from ...jit import COMPILED
 from ...scenario import StoragePool
 from .block_slots import BlockSlots, SlotArray, SlotColumns, SlotQueue
+from .kvstore_steps import direct_high, leading_hits, store_direct, touch_direct
 from .storage_nodes import StorageNodes
 
 _LOST = -1  # ``where`` of a block its group lost (a later lookup counts a lost miss)
@@ -132,6 +134,8 @@ class KvStore:
         n = len(hashes)
         if not n:
             return 0
+        if COMPILED and self.slots.direct:
+            return self._lookup_direct(hashes, now, traffic_class)
         c = self.cols
         slots = self.slots.find(hashes)
         where = c.where[slots]
@@ -148,6 +152,29 @@ class KvStore:
                 self.lost_misses += 1
         if hit:
             self._touch(slots[:hit], where[:hit], now, traffic_class)
+        return hit
+
+    def _lookup_direct(self, hashes: np.ndarray, now: float, traffic_class: int) -> int:
+        """:meth:`lookup` with direct slots, compiled (sim/stages/kvstore_steps.py)."""
+        c = self.cols
+        hit, slot, first = leading_hits(hashes, c.size - 1, c.where, c.age, c.cls, self._ttl, now)
+        if hit < len(hashes):
+            if first > 0:  # held but expired
+                self._drop(np.array([slot], dtype=np.intp), first - 1)
+                self.expirations += 1
+            elif first == _LOST:
+                self.lost_misses += 1
+        if not hit:
+            return 0
+        if self.groups == 1:
+            lru = self.lru[0]
+            lru.make_room(hit, c.lru_pos, self._lru_live[0])
+            args = (lru.items, lru.tail, c.lru_pos, c.age, c.cls, now, traffic_class)
+            touch_direct(hashes, hit, *args, self.refresh_on_read)
+            lru.tail += hit
+        else:
+            slots = hashes[:hit] + 1
+            self._touch(slots, c.where[slots], now, traffic_class)
         return hit
 
     def insert(self, hashes: np.ndarray, now: float, traffic_class: int) -> None:
@@ -209,12 +236,34 @@ class KvStore:
         if not self.writable[0]:
             self.writes_failed += len(hashes)
             return 0.0
-        if len(hashes):
+        if len(hashes) and not (COMPILED and self._store_direct(hashes, now, traffic_class)):
             slots = self.slots.add(hashes)
             fresh = self.cols.where[slots] <= 0
             self._store(0, slots, fresh, now, traffic_class, bool(fresh.all()))
         self.written_blocks += len(hashes)
         return self._write_nodes([(0, len(hashes))], now)
+
+    def _store_direct(self, hashes: np.ndarray, now: float, traffic_class: int) -> bool:
+        """:meth:`_store` of a one-group store's write with direct slots, compiled
+        (sim/stages/kvstore_steps.py); False, having changed nothing, where the ids are not
+        direct slots or reads do not refresh the TTL (the reference then stores them)."""
+        block_slots = self.slots
+        if not self.refresh_on_read:
+            return False
+        high = direct_high(hashes)
+        if not block_slots.stays_direct(len(hashes), high):
+            return False
+        block_slots.take_direct(len(hashes), high)
+        c = self.cols
+        lru = self.lru[0]
+        lru.make_room(len(hashes), c.lru_pos, self._lru_live[0])
+        args = (c.where, c.cls, c.age, lru.items, lru.tail, c.lru_pos, 1, traffic_class, now)
+        fresh, all_fresh, all_last = store_direct(hashes, *args)
+        lru.tail += len(hashes)
+        self.held[0] += fresh
+        if all_fresh and not all_last:  # a repeated new block: its first copy counts
+            self._push_first_copies(0, hashes + 1)
+        return True
 
     def _store(
         self,
@@ -237,12 +286,18 @@ class KvStore:
         last = c.lru_pos[slots] == at
         self.held[group] += int(np.count_nonzero(fresh & last))
         if keep_first and not last.all():
-            _, first = np.unique(slots, return_index=True)
-            slots = slots[np.sort(first)]
-            lru.push(slots, c.lru_pos, lru_live)
+            slots = self._push_first_copies(group, slots)
         if not self.refresh_on_read:
             queue = self.age[group][traffic_class]
             queue.push(slots, c.age_pos, self._age_live[group][traffic_class])
+
+    def _push_first_copies(self, group: int, slots: SlotArray) -> SlotArray:
+        """Queue each slot's first copy again, in order (a write of new blocks keeps its first
+        copies, as a bulk insert of a dict of them did); those slots."""
+        _, first = np.unique(slots, return_index=True)
+        slots = slots[np.sort(first)]
+        self.lru[group].push(slots, self.cols.lru_pos, self._lru_live[group])
+        return slots
 
     def _write_nodes(self, counts: list[tuple[int, int]], now: float) -> float:
         """Each group's nodes store their share; then collect the groups above the watermark."""

@@ -22,8 +22,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ...jit import COMPILED, njit
 from ...rng import exponential
 from ...scenario import StoragePool
+
+_LATENCY_BLOCK = 4096  # node latencies drawn from the stream at a time
 
 
 class StorageNodes:
@@ -35,6 +38,7 @@ class StorageNodes:
         "data",
         "degraded_reads",
         "failed",
+        "failed_mask",
         "groups",
         "latency_s",
         "read_bytes",
@@ -53,13 +57,13 @@ class StorageNodes:
         self.width = cfg.width
         self.data = cfg.data_chunks
         self.groups = cfg.nodes // cfg.width
-        # plain lists: a group is 12 nodes, where numpy's per-call overhead would dominate
-        self.busy = [0.0] * cfg.nodes  # time each node's queue drains
+        self.busy = np.zeros(cfg.nodes)  # time each node's queue drains
         self.failed = [False] * cfg.nodes
+        self.failed_mask = np.zeros(cfg.nodes, dtype=np.bool_)  # the same, for compiled reads
         self.read_s_per_byte = 1.0 / (cfg.read_gbytes_per_s * 1e9)
         self.write_s_per_byte = 1.0 / (cfg.write_gbytes_per_s * 1e9)
         self.latency_s = cfg.node_latency_s
-        self._drawn: list[float] = []
+        self._drawn = np.zeros(0)  # node latencies drawn, used from ``_next`` on
         self._next = 0
         self.read_bytes = 0.0
         self.write_bytes = 0.0
@@ -89,7 +93,7 @@ class StorageNodes:
         service = nbytes * s_per_byte
         done = []
         for n in nodes:
-            t = max(busy[n], now) + service
+            t = max(float(busy[n]), now) + service
             busy[n] = t
             done.append(t)
         if self.recorder is not None:
@@ -101,16 +105,46 @@ class StorageNodes:
 
     def _latencies(self, n: int) -> list[float]:
         """``n`` exponential node latencies, drawn from the stream in blocks."""
-        if self._next + n > len(self._drawn):
-            rest = self._drawn[self._next :]
-            self._drawn = rest + exponential(self.rng, self.latency_s, 4096).tolist()
-            self._next = 0
-        out = self._drawn[self._next : self._next + n]
+        self._have_latencies(n)
+        out = self._drawn[self._next : self._next + n].tolist()
         self._next += n
         return out
 
+    def _have_latencies(self, n: int) -> None:
+        """At least ``n`` latencies drawn and not used yet. (The stream serves only them, so
+        when a block is drawn does not change which latency each chunk gets.)"""
+        if self._next + n > len(self._drawn):
+            fresh = exponential(self.rng, self.latency_s, _LATENCY_BLOCK)
+            self._drawn = np.concatenate([self._drawn[self._next :], fresh])
+            self._next = 0
+
+    def _compiled(self) -> bool:
+        """Whether reads and writes take :func:`serve_group` (not while a recorder listens)."""
+        return bool(COMPILED) and self.recorder is None
+
+    def _serve_group(self, group: int, nbytes: float, now: float, read: bool) -> float:
+        """:meth:`read` or :meth:`write` of a group, compiled."""
+        use_latency = self.latency_s > 0
+        if use_latency:
+            self._have_latencies(self.width)
+        args = (self.busy, self.failed_mask, group * self.width, self.width, self.data)
+        per_byte = self.read_s_per_byte if read else self.write_s_per_byte
+        service = nbytes / self.data * per_byte
+        end, served = serve_group(*args, service, now, self._drawn, self._next, use_latency, read)
+        if use_latency:
+            self._next += served
+        if read:
+            self.read_bytes += nbytes * served / self.data
+            if served < self.data + 1:
+                self.degraded_reads += 1
+        else:
+            self.write_bytes += nbytes * served / self.data
+        return end - now
+
     def read(self, group: int, nbytes: float, now: float) -> float:
         """Seconds until ``nbytes`` of ``group``'s stripes are decoded (group must be readable)."""
+        if self._compiled():
+            return self._serve_group(group, nbytes, now, True)
         live = self.live(group)
         want = self.data + 1
         if len(live) > want:
@@ -124,6 +158,8 @@ class StorageNodes:
 
     def write(self, group: int, nbytes: float, now: float) -> float:
         """Seconds until every live node of ``group`` holds its chunk of ``nbytes``."""
+        if self._compiled():
+            return self._serve_group(group, nbytes, now, False)
         live = self.live(group)
         self.write_bytes += nbytes * len(live) / self.data
         return max(self._serve(live, nbytes / self.data, self.write_s_per_byte, now)) - now
@@ -141,10 +177,12 @@ class StorageNodes:
 
     def fail(self, node: int) -> None:
         self.failed[node] = True
+        self.failed_mask[node] = True
 
     def repair(self, node: int, group_bytes: float, now: float) -> None:
         """Bring ``node`` back; if its group kept its data, rebuild the node's share of it."""
         self.failed[node] = False
+        self.failed_mask[node] = False
         group = node // self.width
         share = group_bytes / self.data
         if share <= 0 or not self.readable(group):
@@ -153,3 +191,44 @@ class StorageNodes:
         self._serve(sources, share, self.read_s_per_byte, now)
         self._serve([node], share, self.write_s_per_byte, now)
         self.rebuild_bytes += share * (len(sources) + 1)
+
+
+@njit
+def serve_group(
+    busy: np.ndarray,
+    failed: np.ndarray,
+    first: int,
+    width: int,
+    data: int,
+    service: float,
+    now: float,
+    latencies: np.ndarray,
+    start: int,
+    use_latency: bool,
+    read: bool,
+) -> tuple[float, int]:
+    """(answer time, nodes served) of a read (``read``) or a write of a chunk of ``service``
+    seconds on each node of the group of nodes [first, first + width): as
+    :meth:`StorageNodes.read` and :meth:`StorageNodes.write` do it — a read on the ``data`` + 1
+    least busy live nodes (ties in node order), answered at the ``data``-th answer; a write on
+    every live node, answered at the last; each node's answer is its queue's end plus, with
+    ``use_latency``, the next of ``latencies`` from ``start``, in the order the nodes are served."""
+    live = np.empty(width, np.int64)
+    m = 0
+    for n in range(first, first + width):
+        if not failed[n]:
+            live[m] = n
+            m += 1
+    live = live[:m]
+    if read and m > data + 1:
+        live = live[np.argsort(busy[live], kind="mergesort")[: data + 1]]
+        m = data + 1
+    done = np.empty(m)
+    for i in range(m):
+        n = live[i]
+        t = max(busy[n], now) + service
+        busy[n] = t
+        done[i] = t + latencies[start + i] if use_latency else t
+    if read:
+        return np.sort(done)[data - 1], m
+    return done.max(), m

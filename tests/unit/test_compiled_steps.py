@@ -21,6 +21,7 @@ import pytest
 from deepinfer_sim import fpmath, jit, load_scenario
 from deepinfer_sim.models.profile_cost import ProfileStepCost
 from deepinfer_sim.models.registry import load_hardware, load_model
+from deepinfer_sim.scenario import StoragePool
 from deepinfer_sim.sim.core.assemble import make_step_cost
 from deepinfer_sim.sim.policies.speculative import (
     DraftChain,
@@ -49,6 +50,8 @@ from deepinfer_sim.sim.stages.expert_load import (
     slot_moments_reference,
 )
 from deepinfer_sim.sim.stages.expert_parallel import imbalance_factor, imbalance_factor_compiled
+from deepinfer_sim.sim.stages.kvstore import KvStore
+from deepinfer_sim.sim.stages.storage_nodes import StorageNodes
 
 SIZES = [*range(0, 300), 511, 512, 513, 1000, 2560, 4096, 8192, 8193, 10_000, 40_000]
 
@@ -437,3 +440,97 @@ def test_slot_moments_compiled_is_the_reference(experts: int, ranks: int, redund
     )
     for a, b in zip(want, (share, q2, bias), strict=True):
         assert np.array_equal(a, b)
+
+
+def _store_state(kv: KvStore) -> list[object]:
+    """Everything a KV store holds: its counters, its block columns and every queue."""
+    c = kv.cols
+    cols = [getattr(c, name)[: c.size].tolist() for name in ("where", "cls", "age", "lru_pos")]
+    queues = [(q.head, q.tail, q.items[: q.tail].tolist(), list(q.marks)) for q in kv.lru]
+    counters = (kv.held, kv.expirations, kv.lost_misses, kv.written_blocks, kv.evictions_gc)
+    return [cols, queues, counters, kv.slots.direct, kv.slots._added, kv.slots._high]
+
+
+@pytest.mark.parametrize("nodes", [12, 36])
+@pytest.mark.parametrize("refresh", [True, False])
+def test_kvstore_compiled_is_the_reference(nodes: int, refresh: bool, monkeypatch) -> None:
+    """Two stores take the same lookups and writes, one through the compiled block work
+    (sim/stages/kvstore_steps.py), one through the numpy reference: the same answers and the
+    same state after every call — expired and lost blocks, repeated blocks in a write, classes
+    changing, GC, a store of several coding groups, and the switch out of direct slots."""
+    cfg = StoragePool(
+        nodes=nodes,
+        node_latency_s=0.0,
+        disk_tb=8e-7,  # 20 disks a node, 10 data nodes: 160 blocks a group, so GC runs
+        ttl_s={"chatbot": 30.0, "agent": 8.0},
+        refresh_on_read=refresh,
+    )
+    stores = [KvStore(cfg, ("chatbot", "agent"), 1e6, np.random.default_rng(0)) for _ in "ab"]
+    rng = np.random.default_rng(11)
+    module = "deepinfer_sim.sim.stages.kvstore.COMPILED"
+    now = 0.0
+    for step in range(600):
+        now += float(rng.exponential(0.5))
+        start = int(rng.integers(0, 400))
+        keys = np.arange(start, start + int(rng.integers(0, 40)), dtype=np.int64)
+        if rng.random() < 0.1 and len(keys) > 2:
+            keys[-1] = keys[0]  # a block repeated in one request
+        if step == 500:
+            keys = np.array([2**40, 5], dtype=np.int64)  # out of the direct range: hash mode
+        cls = int(rng.integers(-1, 2))
+        write = rng.random() < 0.5 or step == 500
+        if step == 300:
+            for kv in stores:
+                for node in range(3):  # group 0 lost
+                    kv.fail_node(node)
+        if step == 350:
+            for kv in stores:
+                for node in range(3):
+                    kv.repair_node(node, now)
+        answers = []
+        for kv, compiled in zip(stores, (True, False), strict=True):
+            monkeypatch.setattr(module, compiled)
+            if write:
+                answers.append(kv.write(keys, now, max(cls, 0)))
+            else:
+                answers.append(kv.lookup(keys, now, cls))
+        assert answers[0] == answers[1], step
+        assert _store_state(stores[0]) == _store_state(stores[1]), step
+    assert not stores[0].slots.direct
+    assert stores[0].expirations and stores[0].evictions_gc and stores[0].lost_misses
+
+
+@pytest.mark.parametrize("latency", [0.0, 2e-4])
+def test_storage_nodes_compiled_are_the_reference(latency: float, monkeypatch) -> None:
+    """Reads and writes of the storage nodes through serve_group and through the Python
+    reference: the same answers, queues, latencies used and counters after every call, with
+    nodes failing (degraded reads) and coming back, and ties between idle nodes."""
+    cfg = StoragePool(nodes=24, node_latency_s=latency)
+    nodes = [StorageNodes(cfg, np.random.default_rng(5)) for _ in "ab"]
+    rng = np.random.default_rng(3)
+    now = 0.0
+    for step in range(800):
+        now += float(rng.exponential(2e-3)) if rng.random() < 0.8 else 0.0
+        group = int(rng.integers(0, 2))
+        nbytes = float(rng.choice([1e6, 3.3e7, 2e8]))
+        read = rng.random() < 0.6
+        failing = {200: 3, 210: 4, 400: 15}.get(step)  # two in group 0: degraded reads
+        if failing is not None:
+            for n in nodes:
+                n.fail(failing)
+        if step == 300:
+            for n in nodes:
+                n.repair(3, 0.0, now)
+        answers = []
+        for n, compiled in zip(nodes, (True, False), strict=True):
+            monkeypatch.setattr("deepinfer_sim.sim.stages.storage_nodes.COMPILED", compiled)
+            answers.append(n.read(group, nbytes, now) if read else n.write(group, nbytes, now))
+        assert answers[0] == answers[1], step
+        a, b = nodes
+        assert a.busy.tolist() == b.busy.tolist(), step
+        assert (a.read_bytes, a.write_bytes, a.degraded_reads) == (
+            b.read_bytes,
+            b.write_bytes,
+            b.degraded_reads,
+        )
+    assert nodes[0].degraded_reads

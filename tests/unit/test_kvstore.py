@@ -134,7 +134,7 @@ def test_read_completes_at_the_tenth_answer_and_skips_a_busy_node() -> None:
     assert kv.read(blocks, now) == pytest.approx(chunk_s)
     kv.nodes.busy[3] = now + 1.0  # one node is busy for a second: the read avoids it
     assert kv.read(blocks, now + 10 * chunk_s) == pytest.approx(chunk_s)
-    kv.nodes.busy = [0.0] * 12
+    kv.nodes.busy[:] = 0.0
     kv.nodes.busy[3] = now + 1.0
     kv.fail_node(0)
     kv.fail_node(1)  # ten survivors, one of them busy: the degraded read waits for it
