@@ -5,6 +5,7 @@ README's install line resolved them: the ceiling; ``test_dependency_floor.py`` t
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,17 @@ def _setup_unless_repo_root(self: pytest.Package) -> None:
 
 
 pytest.Package.setup = _setup_unless_repo_root  # type: ignore[method-assign]
+
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _piped_width_as_without_workers() -> None:
+    """pytest-xdist's workers run with ``COLUMNS=80``; the CLI tests read the width a piped
+    run gets (``cli_common.console``: 240 unless ``COLUMNS`` says otherwise), as they do when
+    the suite runs in one process."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+
 
 SOURCE_ARRAYS = (
     "arrival_s",
