@@ -34,7 +34,6 @@ def _setup_unless_repo_root(self: pytest.Package) -> None:
 pytest.Package.setup = _setup_unless_repo_root  # type: ignore[method-assign]
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def _piped_width_as_without_workers() -> None:
     """pytest-xdist's workers run with ``COLUMNS=80``; the CLI tests read the width a piped
