@@ -38,7 +38,6 @@ class StorageNodes:
         "data",
         "degraded_reads",
         "failed",
-        "failed_mask",
         "groups",
         "latency_s",
         "read_bytes",
@@ -58,8 +57,7 @@ class StorageNodes:
         self.data = cfg.data_chunks
         self.groups = cfg.nodes // cfg.width
         self.busy = np.zeros(cfg.nodes)  # time each node's queue drains
-        self.failed = [False] * cfg.nodes
-        self.failed_mask = np.zeros(cfg.nodes, dtype=np.bool_)  # the same, for compiled reads
+        self.failed = np.zeros(cfg.nodes, dtype=np.bool_)
         self.read_s_per_byte = 1.0 / (cfg.read_gbytes_per_s * 1e9)
         self.write_s_per_byte = 1.0 / (cfg.write_gbytes_per_s * 1e9)
         self.latency_s = cfg.node_latency_s
@@ -82,7 +80,7 @@ class StorageNodes:
         return [n for n in self.members(group) if not failed[n]]
 
     def failed_in(self, group: int) -> int:
-        return sum(self.failed[group * self.width : (group + 1) * self.width])
+        return int(np.count_nonzero(self.failed[group * self.width : (group + 1) * self.width]))
 
     def readable(self, group: int) -> bool:
         return self.failed_in(group) <= self.cfg.parity_chunks
@@ -127,7 +125,7 @@ class StorageNodes:
         use_latency = self.latency_s > 0
         if use_latency:
             self._have_latencies(self.width)
-        args = (self.busy, self.failed_mask, group * self.width, self.width, self.data)
+        args = (self.busy, self.failed, group * self.width, self.width, self.data)
         per_byte = self.read_s_per_byte if read else self.write_s_per_byte
         service = nbytes / self.data * per_byte
         end, served = serve_group(*args, service, now, self._drawn, self._next, use_latency, read)
@@ -172,17 +170,15 @@ class StorageNodes:
             "write_bytes": self.write_bytes,
             "rebuild_bytes": self.rebuild_bytes,
             "degraded_reads": self.degraded_reads,
-            "failed_nodes": sum(self.failed),
+            "failed_nodes": int(np.count_nonzero(self.failed)),
         }
 
     def fail(self, node: int) -> None:
         self.failed[node] = True
-        self.failed_mask[node] = True
 
     def repair(self, node: int, group_bytes: float, now: float) -> None:
         """Bring ``node`` back; if its group kept its data, rebuild the node's share of it."""
         self.failed[node] = False
-        self.failed_mask[node] = False
         group = node // self.width
         share = group_bytes / self.data
         if share <= 0 or not self.readable(group):
