@@ -144,12 +144,7 @@ class KvStore:
         if not bad[hit]:
             hit = n
         else:
-            first = int(where[hit])
-            if first > 0:  # held but expired
-                self._drop(slots[hit : hit + 1], first - 1)
-                self.expirations += 1
-            elif first == _LOST:
-                self.lost_misses += 1
+            self._missed(slots[hit : hit + 1], int(where[hit]))
         if hit:
             self._touch(slots[:hit], where[:hit], now, traffic_class)
         return hit
@@ -159,11 +154,7 @@ class KvStore:
         c = self.cols
         hit, slot, first = leading_hits(hashes, c.size - 1, c.where, c.age, c.cls, self._ttl, now)
         if hit < len(hashes):
-            if first > 0:  # held but expired
-                self._drop(np.array([slot], dtype=np.intp), first - 1)
-                self.expirations += 1
-            elif first == _LOST:
-                self.lost_misses += 1
+            self._missed(np.array([slot], dtype=np.intp), first)
         if not hit:
             return 0
         if self.groups == 1:
@@ -176,6 +167,15 @@ class KvStore:
             slots = hashes[:hit] + 1
             self._touch(slots, c.where[slots], now, traffic_class)
         return hit
+
+    def _missed(self, slot: SlotArray, where: int) -> None:
+        """A lookup stopped at this block (``slot``: its one slot; ``where``: its column value):
+        held but expired, it is dropped now; lost with its group, it counts a lost miss."""
+        if where > 0:
+            self._drop(slot, where - 1)
+            self.expirations += 1
+        elif where == _LOST:
+            self.lost_misses += 1
 
     def insert(self, hashes: np.ndarray, now: float, traffic_class: int) -> None:
         self.write(hashes, now, traffic_class)
