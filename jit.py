@@ -40,6 +40,9 @@ __all__ = [
     "MIN_REQUESTS",
     "exp",
     "log",
+    "made_by_numba",
+    "next_double",
+    "next_uint64",
     "njit",
     "pairwise_sum",
     "power",
@@ -115,10 +118,29 @@ class _Deferred:
         return self.dispatcher(*args)
 
 
+class _MadeByNumba:
+    """A module global that compiled functions read and only numba can make (an intrinsic,
+    a table numba ships), before numba is imported (see :func:`made_by_numba`)."""
+
+    registry: ClassVar[list[_MadeByNumba]] = []
+
+    def __init__(self, factory: Callable[[Any], Any]) -> None:
+        self.factory = factory
+        self.value: Any = None
+        _MadeByNumba.registry.append(self)
+
+
+def made_by_numba(factory: Callable[[Any], Any]) -> Any:
+    """A global for compiled functions that ``factory(numba)`` makes when numba is imported
+    (:func:`_compile_all` binds it wherever a module bound this stand-in, as it does the
+    compiled functions). Plain Python never reads it."""
+    return _MadeByNumba(factory)
+
+
 def _compile_all() -> None:
-    """Give every stand-in its dispatcher and rebind the stand-ins in every loaded module of
-    this package to them (numba compiles each at its first call, from the disk cache if
-    there)."""
+    """Give every stand-in its dispatcher (and every :func:`made_by_numba` global its value)
+    and rebind the stand-ins in every loaded module of this package to them (numba compiles
+    each function at its first call, from the disk cache if there)."""
     import sys
 
     import numba
@@ -136,13 +158,17 @@ def _compile_all() -> None:
                 d.dispatcher = _dispatcher(numba, d.fn, cache=bool(numba_config.CACHE_DIR))
     finally:
         numba_config.CACHE_DIR = previous
-    swap = {id(d): d.dispatcher for d in _Deferred.registry}
+    swap: dict[int, Any] = {id(d): d.dispatcher for d in _Deferred.registry}
+    for made in _MadeByNumba.registry:
+        if made.value is None:
+            made.value = made.factory(numba)
+        swap[id(made)] = made.value
     for name, module in list(sys.modules.items()):
         if module is None or not (name == __package__ or name.startswith(f"{__package__}.")):
             continue
         space = vars(module)
         for key, value in list(space.items()):
-            if isinstance(value, _Deferred):
+            if isinstance(value, (_Deferred, _MadeByNumba)):
                 space[key] = swap[id(value)]
 
 
@@ -313,3 +339,40 @@ def power(x: float, y: float) -> float:
     if x == 0.0:
         return 1.0 if y == 0.0 else (0.0 if y > 0.0 else math.inf)
     return exp(y * log(x))
+
+
+def _bit_generator_call(name: str, returns: str) -> Callable[[Any], Any]:
+    """A factory of the numba intrinsic ``name(function address, state address)``: one call of
+    a numpy bit generator's C function (``BitGenerator.ctypes``: ``next_uint64`` or
+    ``next_double``) on its state, so a compiled draw advances the generator's own stream —
+    the addresses are arguments, not constants, so the cached machine code holds none."""
+
+    def factory(numba: Any) -> Any:
+        from llvmlite import ir
+        from numba.core import types
+
+        result = ir.IntType(64) if returns == "uint64" else ir.DoubleType()
+        result_type = types.uint64 if returns == "uint64" else types.float64
+
+        def typer(typingctx: Any, function: Any, state: Any) -> Any:
+            def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+                address, state_address = args
+                pointer = ir.IntType(8).as_pointer()
+                kind = ir.FunctionType(result, [pointer])
+                target = builder.inttoptr(address, kind.as_pointer())
+                return builder.call(target, [builder.inttoptr(state_address, pointer)])
+
+            return result_type(types.int64, types.int64), codegen
+
+        typer.__name__ = name
+        return numba.extending.intrinsic(typer)
+
+    return factory
+
+
+next_uint64 = made_by_numba(_bit_generator_call("next_uint64", "uint64"))
+"""``next_uint64(function, state)`` in compiled code: the bit generator's next 64 random bits
+(:func:`deepinfer_sim.rng.bit_source` gives the two addresses)."""
+next_double = made_by_numba(_bit_generator_call("next_double", "double"))
+"""``next_double(function, state)`` in compiled code: the bit generator's next uniform in [0, 1),
+what ``Generator.random()`` returns."""

@@ -19,14 +19,16 @@ numbers agree to the last bit, which is left alone.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import zlib
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from . import fpmath
-from .jit import COMPILED, njit
+from .jit import COMPILED, log, made_by_numba, next_double, next_uint64, njit, power
 
 Array = npt.NDArray[np.float64]
 
@@ -43,35 +45,107 @@ def stream(seed: int, name: str) -> np.random.Generator:
 
 def normal(rng: np.random.Generator, size: int | tuple[int, ...]) -> Array:
     """Standard normal draws (numpy's, with the ziggurat's tail values drawn portably)."""
+    if COMPILED:
+        out = np.empty(size)
+        normal_fill(bit_source(rng), out.reshape(-1))
+        return out
     z = rng.standard_normal(size)
-    if not z.size:
+    if not z.size or (z.max() < _NORMAL_TAIL and z.min() > -_NORMAL_TAIL):
         return z
     flat = z.reshape(-1)
-    if COMPILED:
-        tails = _tail_indices(flat)  # mostly none: a step's draw holds about one
-    elif z.max() >= _NORMAL_TAIL or z.min() <= -_NORMAL_TAIL:
-        tails = np.flatnonzero(np.abs(flat) >= _NORMAL_TAIL)
-    else:
-        return z
-    for i in tails.tolist():
+    for i in np.flatnonzero(np.abs(flat) >= _NORMAL_TAIL).tolist():
         flat[i] = math.copysign(_normal_tail(rng), flat[i])
     return z
 
 
+_BIT_SOURCES: dict[int, tuple[Any, npt.NDArray[np.int64]]] = {}
+
+
+def bit_source(rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """The addresses a compiled draw advances ``rng``'s own stream with: its bit generator's
+    ``next_uint64`` and ``next_double`` functions and its state (``BitGenerator.ctypes``),
+    as int64 (kept per generator: reading them costs a microsecond). They are valid while
+    ``rng`` lives: keep it alive as long as a compiled draw may use them."""
+    interface = rng.bit_generator.ctypes  # made once per bit generator, which keeps it
+    entry = _BIT_SOURCES.get(id(interface))
+    if entry is None or entry[0] is not interface:
+        if len(_BIT_SOURCES) >= 4096:  # generators of finished runs
+            _BIT_SOURCES.clear()
+        functions = (interface.next_uint64, interface.next_double)
+        address = [ctypes.cast(f, ctypes.c_void_p).value or 0 for f in functions]
+        source = np.array([*address, interface.state_address], dtype=np.int64)
+        entry = (interface, source)
+        _BIT_SOURCES[id(interface)] = entry
+    return entry[1]
+
+
+def _ziggurat_table(name: str) -> Any:
+    """numpy's ziggurat table ``name`` (wi, ki or fi), as numba ships it for its own
+    ``Generator`` support; the tests hold the draws to numpy's bit for bit."""
+
+    def load(numba: Any) -> Any:
+        from numba.np.random import _constants
+
+        return np.asarray(getattr(_constants, f"{name}_double"))
+
+    return made_by_numba(load)
+
+
+_WI = _ziggurat_table("wi")
+_KI = _ziggurat_table("ki")
+_FI = _ziggurat_table("fi")
+_NORMAL_TAIL_INV = 0.27366123732975827203338247596  # numpy's ziggurat_nor_inv_r
+
+
 @njit
-def _tail_indices(z: Array) -> npt.NDArray[np.int64]:
-    """The positions, in order, of the draws with |z| >= the ziggurat's tail (one pass)."""
-    n = 0
-    for x in z:
-        if x >= _NORMAL_TAIL or x <= -_NORMAL_TAIL:
-            n += 1
-    out = np.empty(n, np.int64)
-    n = 0
-    for i in range(z.size):
-        if z[i] >= _NORMAL_TAIL or z[i] <= -_NORMAL_TAIL:
-            out[n] = i
-            n += 1
-    return out
+def normal_fill(source: npt.NDArray[np.int64], out: Array) -> None:
+    """:func:`normal`, compiled, into ``out``: ``Generator.standard_normal``'s ziggurat on the
+    generator's own stream (``source``: :func:`bit_source`) — the same values and the same
+    words taken from the stream — then the tail values redrawn portably, in order."""
+    word, uniform, state = source[0], source[1], source[2]
+    for i in range(out.size):
+        out[i] = _ziggurat(word, uniform, state)
+    for i in range(out.size):
+        if out[i] >= _NORMAL_TAIL or out[i] <= -_NORMAL_TAIL:
+            out[i] = math.copysign(_normal_tail_compiled(uniform, state), out[i])
+
+
+@njit
+def _ziggurat(word: int, uniform: int, state: int) -> float:
+    """One draw of numpy's standard normal ziggurat (``random_standard_normal``), taking the
+    same words from the stream: the C library's log1p and exp only decide (a wedge or tail
+    acceptance), and a tail value is redrawn by the caller."""
+    while True:
+        r = next_uint64(word, state)
+        idx = r & 0xFF
+        r >>= 8
+        sign = r & 0x1
+        rabs = (r >> 1) & 0x000FFFFFFFFFFFFF
+        x = rabs * _WI[idx]
+        if sign & 0x1:
+            x = -x
+        if rabs < _KI[idx]:
+            return x
+        if idx == 0:
+            while True:
+                xx = -_NORMAL_TAIL_INV * math.log1p(-next_double(uniform, state))
+                yy = -math.log1p(-next_double(uniform, state))
+                if yy + yy > xx * xx:
+                    return -(_NORMAL_TAIL + xx) if (rabs >> 8) & 0x1 else _NORMAL_TAIL + xx
+        if (_FI[idx - 1] - _FI[idx]) * next_double(uniform, state) + _FI[idx] < math.exp(
+            -0.5 * x * x
+        ):
+            return x
+
+
+@njit
+def _normal_tail_compiled(uniform: int, state: int) -> float:
+    """:func:`_normal_tail` on the generator's own stream."""
+    while True:
+        x = -log(1.0 - next_double(uniform, state)) / _NORMAL_TAIL
+        y = -log(1.0 - next_double(uniform, state))
+        if y + y > x * x:
+            return _NORMAL_TAIL + x
 
 
 def standard_normal(rng: np.random.Generator) -> float:
@@ -137,11 +211,48 @@ def gamma(rng: np.random.Generator, shape: float, scale: float, size: int) -> Ar
 
 def beta(rng: np.random.Generator, a: float, b: float) -> float:
     """One Beta(a, b) draw, as Ga / (Ga + Gb)."""
+    if COMPILED:
+        return float(beta_compiled(bit_source(rng), a, b))
     ga, gb = _gamma_one(rng, a), _gamma_one(rng, b)
     total = ga + gb
     if total == 0.0:  # both underflowed (tiny shapes): the draw sits at an end, by the ratio a:b
         return 1.0 if rng.random() * (a + b) < a else 0.0
     return ga / total
+
+
+@njit
+def beta_compiled(source: npt.NDArray[np.int64], a: float, b: float) -> float:
+    """:func:`beta`, compiled, on the generator's own stream (``source``: :func:`bit_source`)."""
+    word, uniform, state = source[0], source[1], source[2]
+    ga = _gamma_one_compiled(word, uniform, state, a)
+    gb = _gamma_one_compiled(word, uniform, state, b)
+    total = ga + gb
+    if total == 0.0:
+        return 1.0 if next_double(uniform, state) * (a + b) < a else 0.0
+    return ga / total
+
+
+@njit
+def _gamma_one_compiled(word: int, uniform: int, state: int, shape: float) -> float:
+    """:func:`_gamma_one` on the generator's own stream."""
+    a = shape + 1.0 if shape < 1.0 else shape
+    d = a - 1.0 / 3.0
+    c = 1.0 / math.sqrt(9.0 * d)
+    while True:
+        x = _ziggurat(word, uniform, state)
+        if x >= _NORMAL_TAIL or x <= -_NORMAL_TAIL:
+            x = math.copysign(_normal_tail_compiled(uniform, state), x)
+        v = 1.0 + c * x
+        if v <= 0.0:
+            continue
+        v = v * v * v
+        u = next_double(uniform, state)
+        x2 = x * x
+        if u < 1.0 - 0.0331 * (x2 * x2) or (u > 0.0 and log(u) < 0.5 * x2 + d * (1.0 - v + log(v))):
+            break
+    if shape < 1.0:
+        return d * v * power(next_double(uniform, state), 1.0 / shape)
+    return d * v
 
 
 def _gamma_one(rng: np.random.Generator, shape: float) -> float:

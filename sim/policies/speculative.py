@@ -40,7 +40,7 @@ from ...errors import ConfigError
 from ...jit import COMPILED, exp, log, njit
 from ...models.draft import DraftCost
 from ...models.spec import ModelSpec
-from ...rng import beta, normal
+from ...rng import beta, bit_source, normal, normal_fill
 from ...scenario import Speculative
 
 HIST_BINS = 256
@@ -188,11 +188,14 @@ class DSpark:
 
     def choose(self, v: np.ndarray, live: np.ndarray, chain: DraftChain, step: StepTime) -> None:
         hw = v.size
-        noise = normal(self.rng, (self.depth, hw))
         slot = self.step % self.lag if self.lag else 0
-        args = (noise, self.sigma, chain.logit[:, :hw], self.lag > 0)
+        args = (self.sigma, chain.logit[:, :hw], self.lag > 0)
         hist = (self.hist[slot, :, :hw], self.hist_valid[slot, :hw], live)
-        survival = (survival_compiled if COMPILED else survival_of)(*args, *hist)
+        if COMPILED:  # the noise drawn in the call, from this policy's stream
+            noise = np.empty((self.depth, hw))
+            survival = survival_drawn(bit_source(self.rng), noise, *args, *hist)
+        else:
+            survival = survival_of(normal(self.rng, (self.depth, hw)), *args, *hist)
         self.step += 1
         if self.threshold is None or self.step % self.retune_steps == 1 or self.retune_steps == 1:
             self.threshold = self._best_threshold(survival, int(live.sum()), step)
@@ -308,6 +311,24 @@ def survival_of(
     survival = np.cumprod(use, axis=0)
     survival *= live  # holes: nothing survives (survival >= 0, so this is exact)
     return survival
+
+
+@njit
+def survival_drawn(
+    source: np.ndarray,
+    noise: np.ndarray,
+    sigma: float,
+    logit: np.ndarray,
+    lagged: bool,
+    old: np.ndarray,
+    valid: np.ndarray,
+    live: np.ndarray,
+) -> np.ndarray:
+    """:func:`survival_compiled` of ``noise`` (depth, slots) filled first with standard normals
+    from the policy's stream (``source``: :func:`~deepinfer_sim.rng.bit_source`), as
+    :func:`~deepinfer_sim.rng.normal` draws them: one call a step."""
+    normal_fill(source, noise.reshape(noise.size))
+    return survival_compiled(noise, sigma, logit, lagged, old, valid, live)
 
 
 @njit

@@ -30,7 +30,7 @@ import numpy as np
 from ...jit import COMPILED, njit, pairwise_sum, sum_block
 from ...models.hardware import HardwareSpec
 from ...models.spec import ModelSpec
-from ...rng import normal
+from ...rng import bit_source, normal, normal_fill
 from ...scenario import EplbPool
 from ..policies.eplb import Placement, make_expert_placement, moved_experts, static_placement
 from .expert_load import ExpertLoadModel, SlotWeights, slot_moments
@@ -152,11 +152,11 @@ class GroupExperts:
     def _sample(self, tokens: np.ndarray, sq_tokens: np.ndarray) -> float:
         self._refresh()
         share, q2, bias = self._moments
-        z = normal(self.rng, share.shape[1:])
-        args = (share, q2, bias, tokens, sq_tokens, self.shape.layer_set, self.load.top_k, z)
+        args = (share, q2, bias, tokens, sq_tokens, self.shape.layer_set, self.load.top_k)
         if COMPILED:
-            return float(imbalance_factor_compiled(*args, sum_block()))
-        return imbalance_factor(*args)
+            z = np.empty(share.shape[1:])  # drawn in the call, from this group's stream
+            return float(imbalance_factor_drawn(*args, bit_source(self.rng), z, sum_block()))
+        return imbalance_factor(*args, normal(self.rng, share.shape[1:]))
 
     def window_loads(self) -> np.ndarray:
         """(L, E) expert loads over the statistics window, sampled in aggregate."""
@@ -255,6 +255,26 @@ def imbalance_factor(
     if total <= 0:
         return 1.0
     return float(loads.max(axis=1).sum() * share.shape[2] / total)
+
+
+@njit
+def imbalance_factor_drawn(
+    share: np.ndarray,
+    q2: np.ndarray,
+    bias: np.ndarray,
+    tokens: np.ndarray,
+    sq_tokens: np.ndarray,
+    sets: np.ndarray,
+    k: int,
+    source: np.ndarray,
+    z: np.ndarray,
+    block: int,
+) -> float:
+    """:func:`imbalance_factor_compiled` of ``z`` (L, R) filled first with standard normals
+    from the group's stream (``source``: :func:`~deepinfer_sim.rng.bit_source`), as
+    :func:`~deepinfer_sim.rng.normal` draws them: one call a step."""
+    normal_fill(source, z.reshape(z.size))
+    return imbalance_factor_compiled(share, q2, bias, tokens, sq_tokens, sets, k, z, block)
 
 
 @njit

@@ -21,6 +21,7 @@ import pytest
 from deepinfer_sim import fpmath, jit, load_scenario
 from deepinfer_sim.models.profile_cost import ProfileStepCost
 from deepinfer_sim.models.registry import load_hardware, load_model
+from deepinfer_sim.rng import bit_source, normal
 from deepinfer_sim.scenario import StoragePool
 from deepinfer_sim.sim.core.assemble import make_step_cost
 from deepinfer_sim.sim.policies.speculative import (
@@ -32,6 +33,7 @@ from deepinfer_sim.sim.policies.speculative import (
     chain_slot_compiled,
     count_at_least_compiled,
     survival_compiled,
+    survival_drawn,
     survival_of,
 )
 from deepinfer_sim.sim.stages.decode import (
@@ -49,7 +51,11 @@ from deepinfer_sim.sim.stages.expert_load import (
     slot_moments_compiled,
     slot_moments_reference,
 )
-from deepinfer_sim.sim.stages.expert_parallel import imbalance_factor, imbalance_factor_compiled
+from deepinfer_sim.sim.stages.expert_parallel import (
+    imbalance_factor,
+    imbalance_factor_compiled,
+    imbalance_factor_drawn,
+)
 from deepinfer_sim.sim.stages.kvstore import KvStore
 from deepinfer_sim.sim.stages.storage_nodes import StorageNodes
 
@@ -105,6 +111,20 @@ def test_imbalance_factor_compiled_is_the_reference() -> None:
         args = (share, q2, bias, tokens, sq, layer_set, k, z)
         block = jit.sum_block()
         assert imbalance_factor_compiled(*args, block) == imbalance_factor(*args)
+        seed = int(rng.integers(1 << 30))
+        drawn = np.random.default_rng(seed)
+        got = imbalance_factor_drawn(*args[:-1], bit_source(drawn), np.empty_like(z), block)
+        assert got == imbalance_factor(*args[:-1], _reference_normal(seed, z.shape))
+
+
+def _reference_normal(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Normal draws of a new generator of ``seed``, the numpy way (the reference path)."""
+    on = jit.COMPILED.on
+    jit.COMPILED.on = False
+    try:
+        return normal(np.random.default_rng(seed), shape)
+    finally:
+        jit.COMPILED.on = on
 
 
 def _draft_inputs(rng: np.random.Generator) -> tuple:
@@ -128,6 +148,21 @@ def test_survival_compiled_is_the_reference() -> None:
         got = survival_compiled(noise.copy(), 0.7, logit, lagged, h2[1, :, :hw], v2[1, :hw], live)
         assert np.array_equal(got, want)
         assert np.array_equal(h1, h2) and np.array_equal(v1, v2)  # the lag ring too
+        seed = int(rng.integers(1 << 30))
+        want = survival_of(
+            _reference_normal(seed, noise.shape),
+            0.7,
+            logit,
+            lagged,
+            h1[0, :, :hw],
+            v1[0, :hw],
+            live,
+        )
+        drawn = np.random.default_rng(seed)  # alive while its addresses are used
+        args = (0.7, logit, lagged, h2[0, :, :hw], v2[0, :hw], live)
+        got = survival_drawn(bit_source(drawn), np.empty_like(noise), *args)
+        assert np.array_equal(got, want)
+        assert np.array_equal(h1, h2) and np.array_equal(v1, v2)
 
 
 def test_accept_compiled_is_the_chains_accept_capped() -> None:
@@ -380,20 +415,44 @@ def test_popularity_compiled_is_the_reference(classes: int, experts: int) -> Non
     assert np.array_equal(popularity_compiled(log_class, x, jit.sum_block()), want)
 
 
-def test_tail_indices_are_numpys() -> None:
-    """The compiled search for the ziggurat's tail draws finds those numpy's comparison finds,
-    in order (none, one, several, both signs, exactly at the edge)."""
-    from deepinfer_sim.rng import _NORMAL_TAIL, _tail_indices
+def test_compiled_normals_are_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled normal draws give the reference's bits (numpy's ziggurat, its tail values
+    redrawn portably) and leave the generator where the reference leaves it: sizes from none to
+    a million (hundreds of tail draws, the wedge's uniforms), one generator after another, and
+    a generator of another kind."""
+    from deepinfer_sim import rng as rngmod
 
-    rng = np.random.default_rng(16)
-    for n in [0, 1, 7, 2560, 10_000]:
-        for scale in (0.5, 1.0, 2.0):
-            z = rng.standard_normal(n) * scale
-            if n:
-                z[rng.integers(0, n)] = _NORMAL_TAIL
-                z[rng.integers(0, n)] = -_NORMAL_TAIL
-            want = np.flatnonzero(np.abs(z) >= _NORMAL_TAIL)
-            assert np.array_equal(_tail_indices(z), want)
+    for make in (np.random.default_rng, lambda s: np.random.Generator(np.random.MT19937(s))):
+        compiled, reference = make(16), make(16)
+        sizes: list[int | tuple[int, ...]] = [0, 1, 7, (40, 64), 2560, 1_000_000, 3]
+        for size in sizes:
+            out = np.empty(size)
+            rngmod.normal_fill(rngmod.bit_source(compiled), out.reshape(-1))
+            monkeypatch.setattr(jit.COMPILED, "on", False)
+            want = rngmod.normal(reference, size)
+            assert np.array_equal(out, want)
+            assert compiled.random() == reference.random()  # the streams stand at one place
+    tails = np.empty(1_000_000)
+    generator = np.random.default_rng(3)
+    rngmod.normal_fill(rngmod.bit_source(generator), tails)
+    assert (np.abs(tails) >= rngmod._NORMAL_TAIL).sum() > 100
+
+
+def test_compiled_beta_is_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beta draws on the generator's own stream give the reference's values and leave the stream
+    where it does: shapes above and below 1 (the boosted gamma), tiny shapes whose gammas
+    underflow (the end picked by a uniform), a thousand draws each."""
+    from deepinfer_sim import rng as rngmod
+
+    shapes = [(0.96, 0.54), (30.0, 2.0), (0.3, 0.7), (1.0, 1.0), (1e-3, 2e-3), (1e-300, 1e-300)]
+    for a, b in shapes:
+        compiled, reference = np.random.default_rng(5), np.random.default_rng(5)
+        got = [rngmod.beta_compiled(rngmod.bit_source(compiled), a, b) for _ in range(1000)]
+        monkeypatch.setattr(jit.COMPILED, "on", False)
+        want = [rngmod.beta(reference, a, b) for _ in range(1000)]
+        monkeypatch.undo()
+        assert got == want, (a, b)
+        assert compiled.random() == reference.random()
 
 
 def test_best_threshold_compiled_is_the_reference() -> None:
