@@ -335,8 +335,13 @@ class DecodeGroup(StepLoop):
         self.busy_s += dt
         self.seq_steps += ran
         self.seq_s += self.n * dt
-        self.kv_s += float(self.kv.sum()) * dt
-        self.reserved_s += float(self.reserved.sum()) * dt
+        if COMPILED:  # numpy's sums, a microsecond each less
+            block = sum_block()
+            self.kv_s += pairwise_sum(self.kv, block) * dt
+            self.reserved_s += pairwise_sum(self.reserved, block) * dt
+        else:
+            self.kv_s += float(self.kv.sum()) * dt
+            self.reserved_s += float(self.reserved.sum()) * dt
 
     def _emit_accepted(self, hw: int, live: np.ndarray, left: np.ndarray) -> None:
         """Speculative decoding: the ``live`` slots emit what the chain accepts, advanced."""
