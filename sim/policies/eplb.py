@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from ...errors import ConfigError
+from ...jit import COMPILED, njit
 from ...scenario import EplbPool
 
 if TYPE_CHECKING:
@@ -95,10 +96,12 @@ def replicate(weight: np.ndarray, slots: int) -> np.ndarray:
 
 def balanced_packing(weight: np.ndarray, bins: int) -> np.ndarray:
     """(L, N) bin of each item: heaviest first onto the lightest bin with room, N/bins each."""
-    layers, items = weight.shape
-    per_bin = items // bins
     order = np.argsort(-weight, axis=1, kind="stable")
     sorted_w = np.take_along_axis(weight, order, axis=1)
+    if COMPILED:
+        return balanced_packing_compiled(order, sorted_w, bins)
+    layers, items = weight.shape
+    per_bin = items // bins
     rows = np.arange(layers)
     load = np.zeros((layers, bins))  # a full bin's load is set to inf
     count = np.zeros((layers, bins), dtype=np.int64)
@@ -111,6 +114,32 @@ def balanced_packing(weight: np.ndarray, bins: int) -> np.ndarray:
         full = count[rows, b] == per_bin
         if full.any():
             load[rows[full], b[full]] = np.inf
+    return bin_of
+
+
+@njit
+def balanced_packing_compiled(order: np.ndarray, sorted_w: np.ndarray, bins: int) -> np.ndarray:
+    """:func:`balanced_packing`'s loop, compiled, layer by layer: the items in ``order``
+    (heaviest first, their weights ``sorted_w``) each onto the first lightest bin with room —
+    the same additions in the same order, so the same bins."""
+    layers, items = order.shape
+    per_bin = items // bins
+    bin_of = np.empty((layers, items), dtype=np.int64)
+    load = np.empty(bins)
+    count = np.empty(bins, dtype=np.int64)
+    for lay in range(layers):
+        load[:] = 0.0
+        count[:] = 0
+        for j in range(items):
+            b = 0
+            for c in range(1, bins):  # argmin: the first of equal loads
+                if load[c] < load[b]:
+                    b = c
+            bin_of[lay, order[lay, j]] = b
+            load[b] += sorted_w[lay, j]
+            count[b] += 1
+            if count[b] == per_bin:
+                load[b] = np.inf
     return bin_of
 
 

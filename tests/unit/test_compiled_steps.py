@@ -455,6 +455,21 @@ def test_compiled_beta_is_the_reference(monkeypatch: pytest.MonkeyPatch) -> None
         assert compiled.random() == reference.random()
 
 
+def test_balanced_packing_compiled_is_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EPLB's packing gives the same bins compiled: continuous weights, many ties (small
+    integers), bins that do not divide the items, one bin, one item per bin."""
+    from deepinfer_sim.sim.policies import eplb
+
+    rng = np.random.default_rng(11)
+    cases = [(61, 272, 64), (3, 40, 8), (5, 41, 8), (2, 16, 16), (4, 9, 1), (7, 100, 3)]
+    for layers, items, bins in cases:
+        for weight in (rng.random((layers, items)), rng.integers(0, 4, (layers, items)) * 1.0):
+            monkeypatch.setattr(eplb, "COMPILED", True)
+            got = eplb.balanced_packing(weight, bins)
+            monkeypatch.setattr(eplb, "COMPILED", False)
+            assert np.array_equal(got, eplb.balanced_packing(weight, bins)), (layers, items, bins)
+
+
 def test_best_threshold_compiled_is_the_reference() -> None:
     """DSpark's threshold from its drafts' survivals: holes (zeros), survivals on a bin's edge
     and at 1, step-time slopes from flat to steep (the best bin moves from the top to none)."""
