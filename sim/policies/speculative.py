@@ -37,7 +37,7 @@ import numpy as np
 
 from ... import fpmath
 from ...errors import ConfigError
-from ...jit import COMPILED, exp, log, njit
+from ...jit import COMPILED, exp, log, next_double, njit
 from ...models.draft import DraftCost
 from ...models.spec import ModelSpec
 from ...rng import beta, bit_source, normal, normal_fill
@@ -374,6 +374,23 @@ def count_at_least_compiled(survival: np.ndarray, threshold: float, v: np.ndarra
 
 
 @njit
+def accept_drawn(
+    source: np.ndarray,
+    survival: np.ndarray,
+    live: np.ndarray,
+    v: np.ndarray,
+    left: np.ndarray,
+    hw: int,
+) -> np.ndarray:
+    """:func:`accept_compiled` of ``hw`` uniforms drawn first from the chain's stream
+    (``source``: :func:`~deepinfer_sim.rng.bit_source`), as ``Generator.random(hw)`` draws them."""
+    u = np.empty(hw)
+    for i in range(hw):
+        u[i] = next_double(source[1], source[2])
+    return accept_compiled(survival, u, live, v, left)
+
+
+@njit
 def accept_compiled(
     survival: np.ndarray, u: np.ndarray, live: np.ndarray, v: np.ndarray, left: np.ndarray
 ) -> np.ndarray:
@@ -490,5 +507,5 @@ class SpecDecoder:
             return np.minimum(live.astype(np.int64), np.maximum(left, 0))
         if not COMPILED:
             return np.minimum(self.chain.accept(live, self.v[:hw]), np.maximum(left, 0))
-        u = self.chain.rng.random(hw)
-        return accept_compiled(self.chain.survival, u, live, self.v, left)
+        source = bit_source(self.chain.rng)  # the uniforms drawn in the call, as rng.random(hw)
+        return accept_drawn(source, self.chain.survival, live, self.v, left, hw)

@@ -27,6 +27,7 @@ from deepinfer_sim.sim.core.assemble import make_step_cost
 from deepinfer_sim.sim.policies.speculative import (
     DraftChain,
     accept_compiled,
+    accept_drawn,
     best_threshold,
     best_threshold_compiled,
     chain_slot,
@@ -176,6 +177,10 @@ def test_accept_compiled_is_the_chains_accept_capped() -> None:
         want = np.minimum(chain.accept(live, v[:hw]), np.maximum(left, 0))
         u = np.random.default_rng(9).random(hw)  # the uniforms chain.accept drew
         assert np.array_equal(accept_compiled(chain.survival, u, live, v, left), want)
+        drawn = np.random.default_rng(9)
+        got = accept_drawn(bit_source(drawn), chain.survival, live, v, left, hw)
+        assert np.array_equal(got, want)
+        assert drawn.random() == chain.rng.random()  # the same uniforms taken
 
 
 def test_advance_compiled_is_the_reference() -> None:
