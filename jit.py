@@ -350,6 +350,7 @@ def _bit_generator_call(name: str, returns: str) -> Callable[[Any], Any]:
     def factory(numba: Any) -> Any:
         from llvmlite import ir
         from numba.core import types
+        from numba.extending import intrinsic
 
         result = ir.IntType(64) if returns == "uint64" else ir.DoubleType()
         result_type = types.uint64 if returns == "uint64" else types.float64
@@ -365,7 +366,7 @@ def _bit_generator_call(name: str, returns: str) -> Callable[[Any], Any]:
             return result_type(types.int64, types.int64), codegen
 
         typer.__name__ = name
-        return numba.extending.intrinsic(typer)
+        return intrinsic(typer)
 
     return factory
 
