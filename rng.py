@@ -139,6 +139,15 @@ def _ziggurat(word: int, uniform: int, state: int) -> float:
 
 
 @njit
+def _standard_normal_compiled(word: int, uniform: int, state: int) -> float:
+    """:func:`standard_normal` on the generator's own stream."""
+    z = _ziggurat(word, uniform, state)
+    if z >= _NORMAL_TAIL or z <= -_NORMAL_TAIL:
+        return math.copysign(_normal_tail_compiled(uniform, state), z)
+    return z
+
+
+@njit
 def _normal_tail_compiled(uniform: int, state: int) -> float:
     """:func:`_normal_tail` on the generator's own stream."""
     while True:
@@ -239,9 +248,7 @@ def _gamma_one_compiled(word: int, uniform: int, state: int, shape: float) -> fl
     d = a - 1.0 / 3.0
     c = 1.0 / math.sqrt(9.0 * d)
     while True:
-        x = _ziggurat(word, uniform, state)
-        if x >= _NORMAL_TAIL or x <= -_NORMAL_TAIL:
-            x = math.copysign(_normal_tail_compiled(uniform, state), x)
+        x = _standard_normal_compiled(word, uniform, state)
         v = 1.0 + c * x
         if v <= 0.0:
             continue

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -314,21 +314,13 @@ def survival_of(
 
 
 @njit
-def survival_drawn(
-    source: np.ndarray,
-    noise: np.ndarray,
-    sigma: float,
-    logit: np.ndarray,
-    lagged: bool,
-    old: np.ndarray,
-    valid: np.ndarray,
-    live: np.ndarray,
-) -> np.ndarray:
+def survival_drawn(source: np.ndarray, noise: np.ndarray, *rest: Any) -> np.ndarray:
     """:func:`survival_compiled` of ``noise`` (depth, slots) filled first with standard normals
     from the policy's stream (``source``: :func:`~deepinfer_sim.rng.bit_source`), as
-    :func:`~deepinfer_sim.rng.normal` draws them: one call a step."""
+    :func:`~deepinfer_sim.rng.normal` draws them, and its other arguments ``rest``: one call a
+    step."""
     normal_fill(source, noise.reshape(noise.size))
-    return survival_compiled(noise, sigma, logit, lagged, old, valid, live)
+    return survival_compiled(noise, *rest)
 
 
 @njit

@@ -23,7 +23,7 @@ import math
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -155,7 +155,7 @@ class GroupExperts:
         args = (share, q2, bias, tokens, sq_tokens, self.shape.layer_set, self.load.top_k)
         if COMPILED:
             z = np.empty(share.shape[1:])  # drawn in the call, from this group's stream
-            return float(imbalance_factor_drawn(*args, bit_source(self.rng), z, sum_block()))
+            return float(imbalance_factor_drawn(bit_source(self.rng), z, sum_block(), *args))
         return imbalance_factor(*args, normal(self.rng, share.shape[1:]))
 
     def window_loads(self) -> np.ndarray:
@@ -258,23 +258,13 @@ def imbalance_factor(
 
 
 @njit
-def imbalance_factor_drawn(
-    share: np.ndarray,
-    q2: np.ndarray,
-    bias: np.ndarray,
-    tokens: np.ndarray,
-    sq_tokens: np.ndarray,
-    sets: np.ndarray,
-    k: int,
-    source: np.ndarray,
-    z: np.ndarray,
-    block: int,
-) -> float:
-    """:func:`imbalance_factor_compiled` of ``z`` (L, R) filled first with standard normals
-    from the group's stream (``source``: :func:`~deepinfer_sim.rng.bit_source`), as
-    :func:`~deepinfer_sim.rng.normal` draws them: one call a step."""
+def imbalance_factor_drawn(source: np.ndarray, z: np.ndarray, block: int, *moments: Any) -> float:
+    """:func:`imbalance_factor_compiled` of the step's ``moments`` (its arguments before ``z``)
+    and ``z`` (L, R) filled first with standard normals from the group's stream (``source``:
+    :func:`~deepinfer_sim.rng.bit_source`), as :func:`~deepinfer_sim.rng.normal` draws them:
+    one call a step."""
     normal_fill(source, z.reshape(z.size))
-    return imbalance_factor_compiled(share, q2, bias, tokens, sq_tokens, sets, k, z, block)
+    return imbalance_factor_compiled(*moments, z, block)  # type: ignore[call-arg]
 
 
 @njit

@@ -114,7 +114,7 @@ def test_imbalance_factor_compiled_is_the_reference() -> None:
         assert imbalance_factor_compiled(*args, block) == imbalance_factor(*args)
         seed = int(rng.integers(1 << 30))
         drawn = np.random.default_rng(seed)
-        got = imbalance_factor_drawn(*args[:-1], bit_source(drawn), np.empty_like(z), block)
+        got = imbalance_factor_drawn(bit_source(drawn), np.empty_like(z), block, *args[:-1])
         assert got == imbalance_factor(*args[:-1], _reference_normal(seed, z.shape))
 
 
