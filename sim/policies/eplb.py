@@ -204,12 +204,7 @@ def match_ranks(old: Placement, new: Placement, experts: int, nodes: int = 1) ->
 
     layers = new.phy2log.shape[0]
     ranks, spr = new.ranks, new.slots_per_rank
-    old_has = old.rank_counts(experts)[:, :, :experts] > 0  # (L, R, E)
-    old_has = np.concatenate([old_has, np.zeros((layers, ranks, 1), bool)], axis=2)
-    rows = np.arange(layers)[:, None]
-    # keep[l, new_rank, old_rank] = experts of the new pack already on the old rank
-    kept = old_has.transpose(0, 2, 1)[rows, new.phy2log]  # (L, S, R_old)
-    keep = kept.reshape(layers, ranks, spr, ranks).sum(axis=2)
+    keep = kept_experts(old, new, experts)
     per_node = ranks // nodes
     slots = new.phy2log.reshape(layers, ranks, spr)
     out = np.empty_like(slots)
@@ -221,10 +216,77 @@ def match_ranks(old: Placement, new: Placement, experts: int, nodes: int = 1) ->
     return Placement(out.reshape(layers, -1), new.replicas, ranks)
 
 
+def kept_experts(old: Placement, new: Placement, experts: int) -> np.ndarray:
+    """(L, R_new, R_old) slots of each new rank whose expert the old rank already holds."""
+    if COMPILED:
+        return kept_experts_compiled(old.phy2log, new.phy2log, new.ranks, experts)
+    layers, ranks, spr = new.phy2log.shape[0], new.ranks, new.slots_per_rank
+    old_has = old.rank_counts(experts)[:, :, :experts] > 0  # (L, R, E)
+    old_has = np.concatenate([old_has, np.zeros((layers, ranks, 1), bool)], axis=2)
+    kept = old_has.transpose(0, 2, 1)[np.arange(layers)[:, None], new.phy2log]  # (L, S, R_old)
+    return kept.reshape(layers, ranks, spr, ranks).sum(axis=2)
+
+
+@njit
+def kept_experts_compiled(old: np.ndarray, new: np.ndarray, ranks: int, experts: int) -> np.ndarray:
+    """:func:`kept_experts` over the slot tables: each new slot's expert counted once for every
+    old rank that holds it (the holders listed per expert, not an (L, S, R) table)."""
+    layers, slots = new.shape
+    spr = slots // ranks
+    keep = np.zeros((layers, ranks, ranks), np.int64)
+    holders = np.empty((experts, ranks), np.int64)
+    count = np.zeros(experts, np.int64)
+    for lay in range(layers):
+        for s in range(slots):  # rank-major: one rank's copies of an expert are adjacent
+            e = old[lay, s]
+            r = s // spr
+            if e < experts and (count[e] == 0 or holders[e, count[e] - 1] != r):
+                holders[e, count[e]] = r
+                count[e] += 1
+        for s in range(slots):
+            e = new[lay, s]
+            if e < experts:
+                for h in range(count[e]):
+                    keep[lay, s // spr, holders[e, h]] += 1
+        count[:] = 0
+    return keep
+
+
 def moved_experts(old: Placement, new: Placement, experts: int) -> np.ndarray:
     """(L, R) experts each rank must receive to go from ``old`` to ``new``."""
+    if COMPILED:
+        return moved_experts_compiled(old.phy2log, new.phy2log, new.ranks, experts)
     gained = new.rank_counts(experts) - old.rank_counts(experts)
     return np.maximum(gained[:, :, :experts], 0).sum(axis=2)
+
+
+@njit
+def moved_experts_compiled(
+    old: np.ndarray, new: np.ndarray, ranks: int, experts: int
+) -> np.ndarray:
+    """:func:`moved_experts` over the slot tables, rank by rank: the replicas of each expert a
+    rank's new slots hold beyond its old ones."""
+    layers, slots = new.shape
+    spr = slots // ranks
+    moved = np.zeros((layers, ranks), np.int64)
+    gained = np.zeros(experts + 1, np.int64)  # the last: empty slots, never counted
+    for lay in range(layers):
+        for r in range(ranks):
+            lo, hi = r * spr, (r + 1) * spr
+            for s in range(lo, hi):
+                gained[new[lay, s]] += 1
+                gained[old[lay, s]] -= 1
+            m = 0
+            for s in range(lo, hi):
+                e = new[lay, s]
+                if e < experts and gained[e] > 0:
+                    m += gained[e]
+                    gained[e] = 0  # each expert once
+            moved[lay, r] = m
+            for s in range(lo, hi):
+                gained[new[lay, s]] = 0
+                gained[old[lay, s]] = 0
+    return moved
 
 
 class ExpertPlacement(Protocol):

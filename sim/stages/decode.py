@@ -357,7 +357,7 @@ class DecodeGroup(StepLoop):
     def _retire_and_preempt(self, left: np.ndarray, now: float, k: int) -> None:
         """After a step: retire the sequences with no tokens left, then drop those the KV
         admission policy says no longer fit."""
-        idx = np.flatnonzero(left <= 0)
+        idx = (left <= 0).nonzero()[0]  # flatnonzero of a 1-D array, without its wrapper
         if idx.size:
             self._retire(idx, now, k)
         hw = self.hw

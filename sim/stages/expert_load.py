@@ -91,8 +91,8 @@ class ExpertLoadModel:
         return self.popularity_of(self.x)
 
     def popularity_of(self, x: np.ndarray) -> np.ndarray:
-        """p[c, l, e] under the drift state ``x`` (each update makes a new ``x``, so a window
-        keeps the (L, E) state of its steps and rebuilds their (C, L, E) popularity, exactly)."""
+        """p[c, l, e] under the drift state ``x``, a fresh array (never changed afterwards: a
+        group's statistics window keeps the ``pop`` of each of its steps)."""
         if COMPILED:
             return popularity_compiled(self.log_class, x, sum_block())
         return popularity(self.log_class, x)

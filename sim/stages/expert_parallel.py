@@ -140,7 +140,7 @@ class GroupExperts:
         self.since += 1
         if self.window and self.placer.due(self.since):
             stall = self._rebalance()
-        self.window.append((self.load.x, tokens, sq_tokens))
+        self.window.append((self.load.pop, tokens, sq_tokens))
         factor = self._sample(tokens, sq_tokens)
         self.factor_sum += factor
         self.factor_steps += 1
@@ -165,19 +165,16 @@ class GroupExperts:
         k = load.top_k
         mean = np.zeros((load.layers, load.experts))
         bias_var = np.zeros_like(mean)
-        # steps under the same drift state are summed before touching (C, L, E) arrays
+        # steps under the same popularity are summed before touching (C, L, E) arrays
         runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        for x, tok, sq in self.window:
-            if runs and runs[-1][0] is x:
-                runs[-1] = (x, runs[-1][1] + tok, runs[-1][2] + sq)
+        for pop, tok, sq in self.window:
+            if runs and runs[-1][0] is pop:
+                runs[-1] = (pop, runs[-1][1] + tok, runs[-1][2] + sq)
             else:
-                runs.append((x, tok, sq))
-        for x, tok, sq in runs:
-            pop = load.pop if x is load.x else load.popularity_of(x)
-            t = tok[:, sets] * k
-            h = sq[:, sets] * (k * k)
-            mean += (t[:, :, None] * pop).sum(axis=0)
-            bias_var += (h[:, :, None] * (pop * (1.0 - pop))).sum(axis=0)
+                runs.append((pop, tok, sq))
+        add = add_window_run_compiled if COMPILED else add_window_run
+        for pop, tok, sq in runs:
+            add(mean, bias_var, pop, tok[:, sets] * k, sq[:, sets] * (k * k))
         var = mean + bias_var * load.het[:, None]
         return np.maximum(mean + np.sqrt(var) * normal(self.rng, mean.shape), 0.0)
 
@@ -219,6 +216,36 @@ class GroupExperts:
             "moved_experts": self.moved_experts,
             "stall_s": self.stall_total_s,
         }
+
+
+def add_window_run(
+    mean: np.ndarray, bias_var: np.ndarray, pop: np.ndarray, t: np.ndarray, h: np.ndarray
+) -> None:
+    """Add to the (L, E) ``mean`` and ``bias_var`` of a window's expert loads the steps that ran
+    under popularity ``pop`` (C, L, E): their routed token-choices ``t`` and squared request
+    tokens ``h`` per class and layer (C, L). The numpy reference of
+    :func:`add_window_run_compiled`."""
+    mean += (t[:, :, None] * pop).sum(axis=0)
+    bias_var += (h[:, :, None] * (pop * (1.0 - pop))).sum(axis=0)
+
+
+@njit
+def add_window_run_compiled(
+    mean: np.ndarray, bias_var: np.ndarray, pop: np.ndarray, t: np.ndarray, h: np.ndarray
+) -> None:
+    """:func:`add_window_run`, compiled: the classes added in turn, as numpy sums axis 0."""
+    classes, layers, experts = pop.shape
+    for lay in range(layers):
+        for e in range(experts):
+            p = pop[0, lay, e]
+            m = t[0, lay] * p
+            b = h[0, lay] * (p * (1.0 - p))
+            for c in range(1, classes):
+                p = pop[c, lay, e]
+                m += t[c, lay] * p
+                b += h[c, lay] * (p * (1.0 - p))
+            mean[lay, e] += m
+            bias_var[lay, e] += b
 
 
 def imbalance_factor(

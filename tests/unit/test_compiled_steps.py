@@ -475,6 +475,50 @@ def test_balanced_packing_compiled_is_the_reference(monkeypatch: pytest.MonkeyPa
             assert np.array_equal(got, eplb.balanced_packing(weight, bins)), (layers, items, bins)
 
 
+def test_eplb_moves_compiled_are_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The experts a rebalance moves and the kept-expert counts its rank matching maximizes,
+    compiled: placements with replicas, several copies of an expert on one rank, empty slots."""
+    from deepinfer_sim.sim.policies import eplb
+
+    rng = np.random.default_rng(5)
+    for layers, experts, ranks, redundant in ((40, 256, 64, 1), (3, 16, 4, 2), (2, 9, 4, 3)):
+        spr = eplb.slots_per_rank(experts, ranks, redundant)
+        static = eplb.static_placement(layers, experts, ranks, redundant)
+        placements = [static]
+        for skew in (0.3, 3.0):
+            loads = rng.pareto(skew, (layers, experts))
+            placements.append(eplb.rebalance(loads, ranks, redundant))
+        doubled = rng.integers(0, experts + 1, (layers, ranks * spr))  # copies, empty slots
+        placements.append(eplb.Placement(doubled, static.replicas, ranks))
+        for old in placements:
+            for new in placements:
+                monkeypatch.setattr(eplb, "COMPILED", True)
+                got = eplb.moved_experts(old, new, experts), eplb.kept_experts(old, new, experts)
+                monkeypatch.setattr(eplb, "COMPILED", False)
+                want = eplb.moved_experts(old, new, experts), eplb.kept_experts(old, new, experts)
+                for g, w in zip(got, want, strict=True):
+                    assert np.array_equal(g, w), (layers, experts, ranks)
+
+
+@pytest.mark.parametrize("classes", [1, 3])
+def test_add_window_run_compiled_is_the_reference(classes: int) -> None:
+    """A window run's expert-load moments, compiled: one class and several, zero tokens."""
+    from deepinfer_sim.sim.stages.expert_parallel import add_window_run, add_window_run_compiled
+
+    rng = np.random.default_rng(8)
+    layers, experts = 7, 384
+    pop = rng.dirichlet(np.full(experts, 0.3), (classes, layers))
+    t = rng.integers(0, 5000, (classes, layers)) * 8.0
+    h = t * rng.integers(1, 900, (classes, layers))
+    t[0, 0] = h[0, 0] = 0.0
+    start = rng.random((layers, experts)) * 100
+    got_mean, got_var, want_mean, want_var = (start.copy() for _ in range(4))
+    for _ in range(3):
+        add_window_run_compiled(got_mean, got_var, pop, t, h)
+        add_window_run(want_mean, want_var, pop, t, h)
+    assert np.array_equal(got_mean, want_mean) and np.array_equal(got_var, want_var)
+
+
 def test_best_threshold_compiled_is_the_reference() -> None:
     """DSpark's threshold from its drafts' survivals: holes (zeros), survivals on a bin's edge
     and at 1, step-time slopes from flat to steep (the best bin moves from the top to none)."""
