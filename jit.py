@@ -266,7 +266,7 @@ def pairwise_sum(a: np.ndarray, block: int) -> float:
     the whole array (``block`` 0: numpy 2), or over each ``block`` elements with the blocks'
     sums added in turn (numpy 1.x, which reduces through its 8,192-element buffer). The
     caller passes :func:`sum_block`."""
-    flat = a.ravel()
+    flat = a if a.ndim == 1 else a.ravel()  # ravel makes a new array object: ~30 ns a call
     n = flat.size
     if block <= 0 or n <= block:
         return _pairwise(flat, 0, n)

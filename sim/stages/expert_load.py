@@ -237,15 +237,25 @@ def slot_moments_compiled(
     terms1 = np.empty(per)
     terms2 = np.empty(per)
     for c in range(classes):
+        row = pop_flat[c]
         for lay in range(layers):
+            at = flat[lay * slots : (lay + 1) * slots]
             for r in range(ranks):
-                for j in range(per):
-                    s = r * per + j
-                    p = pop_flat[c, flat[lay * slots + s]]
-                    terms1[j] = p * w1[lay, s]
-                    terms2[j] = p * w2[lay, s]
-                a = pairwise_sum(terms1, block)
-                b = pairwise_sum(terms2, block)
+                if per < 8:  # numpy sums under 8 terms in turn: as the products are made
+                    a = 0.0
+                    b = 0.0
+                    for s in range(r * per, (r + 1) * per):
+                        p = row[at[s]]
+                        a += p * w1[lay, s]
+                        b += p * w2[lay, s]
+                else:
+                    for j in range(per):
+                        s = r * per + j
+                        p = row[at[s]]
+                        terms1[j] = p * w1[lay, s]
+                        terms2[j] = p * w2[lay, s]
+                    a = pairwise_sum(terms1, block)
+                    b = pairwise_sum(terms2, block)
                 share[c, lay, r] = a
                 q2[c, lay, r] = b
                 d = b - a * a

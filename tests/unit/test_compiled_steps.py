@@ -537,10 +537,14 @@ def test_best_threshold_compiled_is_the_reference() -> None:
         assert best_threshold_compiled(survival, n_live, t0, slope) == want, trial
 
 
-@pytest.mark.parametrize(("experts", "ranks", "redundant"), [(256, 64, 1), (384, 4, 4), (16, 1, 2)])
+@pytest.mark.parametrize(
+    ("experts", "ranks", "redundant"),
+    [(256, 64, 1), (384, 4, 4), (16, 1, 2), (120, 1, 8), (384, 2, 1), (56, 8, 1)],
+)
 def test_slot_moments_compiled_is_the_reference(experts: int, ranks: int, redundant: int) -> None:
     """The per-rank moments under a placement: slots per rank from 5 (a decode group) to 100
-    (a prefill instance: numpy's 8-lane pairwise rows), redundant slots and empty ones."""
+    (a prefill instance: numpy's 8-lane pairwise rows), 8, one block of 128 and more than one
+    block (193), redundant slots and empty ones."""
     rng = np.random.default_rng(experts + ranks)
     classes, layers = 3, 4
     extra = redundant * ranks
