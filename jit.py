@@ -307,6 +307,8 @@ _LN2_LO = fpmath._LN2_LO
 _INV_LN2 = fpmath._INV_LN2
 _P1, _P2, _P3, _P4, _P5 = fpmath._P1, fpmath._P2, fpmath._P3, fpmath._P4, fpmath._P5
 _EXP_CLIP = fpmath._EXP_CLIP
+_POW2_SPAN = 1000
+_POW2 = np.ldexp(1.0, np.arange(-_POW2_SPAN, _POW2_SPAN + 1))  # exact powers of two: a constant
 
 
 @njit
@@ -322,7 +324,10 @@ def exp(x: float) -> float:
     t = r * r
     c = r - t * (_P1 + t * (_P2 + t * (_P3 + t * (_P4 + t * _P5))))
     y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
-    return math.ldexp(y, int(kf))
+    k = int(kf)
+    if -_POW2_SPAN <= k <= _POW2_SPAN:  # y·2^k rounds as ldexp does: both are correctly rounded
+        return y * _POW2[k + _POW2_SPAN]
+    return math.ldexp(y, k)
 
 
 log = njit(fpmath._log_scalar)

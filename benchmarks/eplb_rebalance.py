@@ -1,13 +1,14 @@
-"""How long one EPLB rebalance takes (numpy), and how much weight it moves.
+"""How long one EPLB rebalance takes, and how much weight it moves.
 
 For 384 experts × 40 MoE layers (DeepSeek-V4.1-Flash) at the article's widths — decode EP128 and
 EP64 with 1 redundant expert per GPU, prefill EP4 with 4 — times ``rebalance`` (replicate +
 balanced packing) and ``match_ranks`` (keep experts in place) on loads drawn from the default
 expert-load model, then a second rebalance on the loads a few minutes of drift later to count the
 experts that move. The budget is < 50 ms per rebalance at EP128 (issue 6). Median of ``--repeat``.
-Writes ``benchmarks/results/eplb_rebalance.json``.
+Numpy's references unless ``DEEPINFER_JIT=1`` (the compiled steps a run of 1,000 requests or more
+takes; the report says which). Writes ``benchmarks/results/eplb_rebalance.json``.
 
-    python benchmarks/eplb_rebalance.py [--repeat 7]
+    [DEEPINFER_JIT=1] python benchmarks/eplb_rebalance.py [--repeat 7]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from deepinfer_sim import load_scenario
+from deepinfer_sim.jit import COMPILED
 from deepinfer_sim.models.registry import load_model
 from deepinfer_sim.sim.policies.eplb import match_ranks, moved_experts, rebalance
 from deepinfer_sim.sim.stages.expert_load import ExpertLoadModel
@@ -79,6 +81,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, "
         f"Python {platform.python_version()}, numpy {np.__version__}",
+        "compiled": bool(COMPILED),
         "repeat": args.repeat,
         "drift_s": args.drift_s,
         "points": rows,

@@ -88,11 +88,18 @@ def test_pairwise_sum_sees_the_order() -> None:
 
 
 def test_exp_is_fpmaths_exp_bit_for_bit() -> None:
-    x = np.random.default_rng(3).uniform(-60, 60, 20_000)
-    x[:4] = [0.0, -0.0, 1e-300, -745.0]
+    """Every bit, sign of zero included: the common range, where the result is a power-of-two
+    table's product, and beyond it (subnormal results, underflow to 0, overflow to inf), where
+    it is ``ldexp``'s."""
+    rng = np.random.default_rng(3)
+    edges = [0.0, -0.0, 1e-300, -745.0, -745.2, -744.4, -708.4, 709.78, 709.79, 1100.0, -1100.0]
+    edges += [1e4, -1e4, np.inf, -np.inf]
+    for k in (-1001, -1000, 999, 1000, 1001):  # where the table ends (k = round(x / ln 2))
+        edges += list(k * np.log(2.0) + np.array([-0.5, -0.4999, 0.4999, 0.5]))
+    x = np.concatenate([rng.uniform(-60, 60, 20_000), rng.uniform(-800, 800, 20_000), edges])
     want = fpmath.exp(x)
     got = np.array([jit.exp(float(v)) for v in x])
-    assert np.array_equal(got, want)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
     assert np.isnan(jit.exp(float("nan")))
 
 
