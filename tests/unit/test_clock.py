@@ -12,7 +12,7 @@ from deepinfer_sim.sim.core.cluster import Cluster, CountingEnvironment
 def test_a_numpy_delay_leaves_the_clock_a_float() -> None:
     env = CountingEnvironment()
     env.timeout(np.float64(1.5))
-    env.timeout(np.float32(0.25))
+    env.timeout(np.float64(0.25))
     env.run()
     assert type(env.now) is float
     assert env.now == 1.5
