@@ -87,15 +87,11 @@ class ExpertLoadModel:
         return base / base.sum(axis=1, keepdims=True)
 
     def _popularity(self) -> np.ndarray:
-        """Current p[c, l, e], a fresh array."""
-        return self.popularity_of(self.x)
-
-    def popularity_of(self, x: np.ndarray) -> np.ndarray:
-        """p[c, l, e] under the drift state ``x``, a fresh array (never changed afterwards: a
+        """p[c, l, e] under the current drift state, a fresh array (never changed afterwards: a
         group's statistics window keeps the ``pop`` of each of its steps)."""
         if COMPILED:
-            return popularity_compiled(self.log_class, x, sum_block())
-        return popularity(self.log_class, x)
+            return popularity_compiled(self.log_class, self.x, sum_block())
+        return popularity(self.log_class, self.x)
 
     def advance(self, now: float) -> None:
         """Move the drift to the last grid point at or before ``now``."""
@@ -119,7 +115,7 @@ class ExpertLoadModel:
 
 def popularity(log_class: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Each class's softmax over the experts of each layer of ``log_class`` (C, L, E) + ``x``
-    (L, E): :meth:`ExpertLoadModel.popularity_of` in numpy, the reference of
+    (L, E): :meth:`ExpertLoadModel._popularity` in numpy, the reference of
     :func:`popularity_compiled`."""
     logits = log_class + x
     logits -= logits.max(axis=2, keepdims=True)

@@ -115,6 +115,7 @@ class GroupExperts:
         self._moments: tuple[np.ndarray, np.ndarray, np.ndarray] = slot_moments(
             load.pop, self._slots, load.het
         )
+        self._z = np.empty(self._moments[0].shape[1:])  # a step's (L, R) normals, reused
 
     def place(self, placement: Placement) -> None:
         """Adopt a placement (the moments are recomputed at the next step)."""
@@ -153,9 +154,8 @@ class GroupExperts:
         self._refresh()
         share, q2, bias = self._moments
         args = (share, q2, bias, tokens, sq_tokens, self.shape.layer_set, self.load.top_k)
-        if COMPILED:
-            z = np.empty(share.shape[1:])  # drawn in the call, from this group's stream
-            return float(imbalance_factor_drawn(bit_source(self.rng), z, sum_block(), *args))
+        if COMPILED:  # _z: filled in the call from this group's stream
+            return float(imbalance_factor_drawn(bit_source(self.rng), self._z, sum_block(), *args))
         return imbalance_factor(*args, normal(self.rng, share.shape[1:]))
 
     def window_loads(self) -> np.ndarray:
