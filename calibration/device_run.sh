@@ -41,7 +41,8 @@
 # once per step into $OUT/decode_v3.json, then with DEEPINFER_MLA_SCHED=layer, in every layer,
 # into $OUT/decode_v3_layer.json, the baseline of a moe_split rescale; ~240 s each at most),
 # sizes (calibration/prefill_sizes.py:
-# prefill per chunk size in fine steps, kernels profiled), reference (calibrate V4.1-Flash
+# prefill per chunk size in fine steps, kernels profiled), waves (V3's TP8 and TP4 slices'
+# prefill on both sides of each wave edge: prefill_waves/check.py), reference (calibrate V4.1-Flash
 # with the reference kernels), replay (engine-core replays vs the simulator, using $OUT/v41.yaml
 # or $REPLAY_PROFILE or the shipped h200-deepseek profile). ENGINE_DEPTH=N (default 1) times and
 # replays the engine core on N layers per layer group (calibrate --engine-depth, replay --depth);
@@ -161,6 +162,11 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
         --decode-spread "${DECODE_SPREAD:-0.5}" --out "$OUT/v41.yaml" ;;
     mixed) run 200 mixed $P.calibration.mixed_contexts --out "$OUT/mixed.json" ;;
     sizes) run 150 sizes $P.calibration.prefill_sizes --out "$OUT/prefill_sizes.json" ;;
+    waves) sz=448,512,513,768,1024,1025,1536,1537,2048,2049,2560,2561,3072,3073,4224,4225
+      for m in deepseek-v3@tp8 deepseek-v3@tp4; do  # prefill_waves/check.py predicted these
+        run 150 "waves $m" $P.calibration.prefill_sizes --model "$m" --sizes "$sz" \
+          --prefixes 16384,65536 --profile-sizes 1024,1025 --profile-prefix 65536 \
+          --out "$OUT/waves_${m//@/_}.json"; done ;;
     v3) run 300 v3 $CAL --model deepseek-v3 --no-vision $NOENG --out "$OUT/v3.yaml" ;;
     v4flash) run 300 v4flash $CAL --model deepseek-v4-flash --no-vision $NOENG --out "$OUT/v4flash.yaml" ;;
     v4pro) run 300 v4pro $CAL --model deepseek-v4-pro --no-vision $NOENG --out "$OUT/v4pro.yaml" ;;

@@ -7,7 +7,9 @@ shapes (between and beyond the grid points, see ``sweep.Grid``) that it never sa
 as version 1 profiles used, cannot show a form that misses between or beyond the grid.)
 
 Model forms (per layer; see ``profile.py``):
-    prefill  t = a + b·n + c·n·p + d·n² + e·p                   linear in its coefficients
+    prefill  t = a + b·n + c·W(n)·p + d·n² + e·p + [p > 0]·(f + g·n)   linear in its coefficients
+             W(n) = n, or n in whole waves of the attention's query tiles; forms (f, g, waves)
+             chosen by k-fold cross-validation on the training grid
     decode   t = a + max(w, g(⌈T/τ⌉)) + c·K + d·B + e·v·K + h·K/B + q·T   weights vs GEMM;
              g(k) = b·τ·k, or a measured staircase over k tiles   v·K: query tokens × context
              form and τ ∈ DECODE_TILES chosen by k-fold cross-validation on the training grid
@@ -25,7 +27,8 @@ form — so a profile without ``tile`` keys predicts what it always did.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 import numpy as np
 from scipy.optimize import least_squares, lsq_linear
@@ -38,6 +41,7 @@ from ..models.profile import (
     MoeCoef,
     PrefillCoef,
     tiled_verify,
+    wave_rows,
 )
 
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -87,35 +91,99 @@ def group_kfold(keys: np.ndarray, k: int = 5, seed: int = 0) -> list[np.ndarray]
     return [np.flatnonzero(np.isin(group, g)) for g in kfold(int(group.max()) + 1, k, seed)]
 
 
-# ---- prefill: t = a + b n + c n p + d n^2 + e p (+ f [p > 0]) ----------------------------------
+# ---- prefill: t = a + b n + c W(n) p + d n^2 + e p (+ [p > 0] (f + g n)) ------------------------
 
 
-def prefill_features(X: np.ndarray, prefix_cost: bool = True) -> np.ndarray:
+@dataclass(frozen=True)
+class PrefillTerms:
+    """Which of the optional prefill terms a form has: ``f`` per chunk with a prefix; ``g`` per
+    new token of such a chunk; n of the n·p term in whole waves of ``wave_tile``-row query tiles,
+    ``wave_tiles`` at once (0: n as is; ``models.profile.wave_rows``)."""
+
+    f: bool = True
+    g: bool = False
+    wave_tile: int = 1
+    wave_tiles: float = 0.0
+
+    @property
+    def extended(self) -> bool:
+        """Whether the form has a term the smooth and prefix forms lack."""
+        return self.g or self.wave_tiles > 0
+
+
+def prefill_features(X: np.ndarray, terms: PrefillTerms = PrefillTerms()) -> np.ndarray:
     n, p = X[:, 0], X[:, 1]
-    cols = [np.ones_like(n), n, n * p, n * n, p]
-    if prefix_cost:
-        cols.append((p > 0).astype(float))
+    has_prefix = (p > 0).astype(float)
+    cols = [np.ones_like(n), n, wave_rows(n, terms.wave_tile, terms.wave_tiles) * p, n * n, p]
+    if terms.f:
+        cols.append(has_prefix)
+    if terms.g:
+        cols.append(n * has_prefix)
     return np.stack(cols, axis=1)
 
 
+def _predict_prefill(x: np.ndarray, terms: PrefillTerms, X: np.ndarray) -> np.ndarray:
+    """The times at ``X`` of coefficients ``x`` = (a, b, c, d, e, f, g) of the form ``terms``."""
+    return prefill_features(X, replace(terms, f=True, g=True)) @ x
+
+
 def prefill_model(coef: PrefillCoef, X: np.ndarray) -> np.ndarray:
-    x = np.array([coef.a, coef.b, coef.c, coef.d, coef.e, coef.f])
-    return prefill_features(X) @ x
+    x = np.array([coef.a, coef.b, coef.c, coef.d, coef.e, coef.f, coef.g])
+    return _predict_prefill(
+        x, PrefillTerms(wave_tile=coef.wave_tile, wave_tiles=coef.wave_tiles), X
+    )
 
 
-def _fit_prefill_form(X: np.ndarray, t: np.ndarray, prefix_cost: bool) -> np.ndarray:
-    """Non-negative least squares in relative error; the coefficients (a, b, c, d, e, f)."""
-    F = prefill_features(X, prefix_cost)
+def _fit_prefill_form(X: np.ndarray, t: np.ndarray, terms: PrefillTerms) -> np.ndarray:
+    """Non-negative least squares in relative error; the coefficients (a, b, c, d, e, f, g)."""
+    F = prefill_features(X, terms)
     w = 1.0 / t
     scale = np.abs(F).max(axis=0)
     scale[scale == 0] = 1.0
     res = lsq_linear((F / scale) * w[:, None], np.ones_like(w), bounds=(0, np.inf))
-    x = res.x / scale
-    return x if prefix_cost else np.append(x, 0.0)
+    x = list(res.x / scale)
+    if not terms.f:
+        x.insert(5, 0.0)
+    if not terms.g:
+        x.append(0.0)
+    return np.array(x)
 
 
-PrefillForm = Literal["smooth", "prefix"]
+PrefillForm = Literal["smooth", "prefix", "merge", "waves"]
 PREFILL_FORMS: tuple[PrefillForm, ...] = ("smooth",)  # what calibrate and refit.py fit
+PREFILL_WAVE_TILES = (64, 128)  # query rows per tile a wave form may choose
+# a form with a term the smooth and prefix forms lack must lower the cross-validated error by
+# this share of it: below that, the extra term fits noise
+PREFILL_EXTENSION_GAIN = 0.05
+
+
+def prefill_terms(
+    forms: tuple[PrefillForm, ...], wave_tiles: float = 0.0, n: np.ndarray | None = None
+) -> list[PrefillTerms]:
+    """The forms ``fit_prefill`` chooses from: ``smooth`` (f = 0) and/or ``prefix``, each also
+    with the merge term g (``merge``) and with n in waves of each tile in
+    ``PREFILL_WAVE_TILES`` (``waves``, where ``wave_tiles`` — SMs ÷ query heads — is known and
+    the grid's new-token counts ``n`` span more than one wave: else W(n)·p is e's p)."""
+    base = {"smooth", "prefix"} & set(forms)
+    if not base or set(forms) - set(get_args(PrefillForm)):
+        raise ValueError(
+            f"prefill forms must be smooth and/or prefix, with merge and waves, got {forms}"
+        )
+    merges = (False, True) if "merge" in forms else (False,)
+    waves = [(1, 0.0)]
+    if "waves" in forms and wave_tiles > 0:
+        waves += [
+            (tile, wave_tiles)
+            for tile in PREFILL_WAVE_TILES
+            if n is None or np.unique(wave_rows(n, tile, wave_tiles)).size > 1
+        ]
+    return [
+        PrefillTerms(f == "prefix", g, tile, tiles)
+        for f in ("smooth", "prefix")
+        if f in base
+        for g in merges
+        for tile, tiles in waves
+    ]
 
 
 def fit_prefill(
@@ -125,28 +193,54 @@ def fit_prefill(
     t_off: np.ndarray | None = None,
     folds: int = 5,
     forms: tuple[PrefillForm, ...] = PREFILL_FORMS,
+    wave_tiles: float = 0.0,
 ) -> tuple[PrefillCoef, FitError]:
     """X columns: (n new tokens, p computed prefix); t seconds. Non-negative least squares in
-    relative error, of each form in ``forms`` — ``smooth`` (f = 0) and ``prefix``, with ``f``
-    the fixed cost of a chunk that has a prefix (kernels only such a chunk runs: reading back
-    its window and compressed entries, scoring them) — the one with the lowest k-fold
-    cross-validated MAPE on the training grid, refitted on all of it."""
-    if not forms or set(forms) - {"smooth", "prefix"}:
-        raise ValueError(f"prefill forms must be smooth and/or prefix, got {forms}")
-    best: tuple[float, bool] | None = None
+    relative error, of each form of :func:`prefill_terms` — ``smooth`` (f = 0) and ``prefix``,
+    with ``f`` the fixed cost of a chunk that has a prefix (kernels only such a chunk runs:
+    reading back its window and compressed entries, scoring them), each also with ``g`` per
+    new token of such a chunk (``merge``: attention split in a call over the chunk and one over
+    the prefix merges their outputs) and with the prefix attention's waves (``waves``) — the one
+    with the lowest k-fold cross-validated MAPE on the training grid, refitted on all of it. A
+    form with g or waves is taken only where it lowers that error by ``PREFILL_EXTENSION_GAIN``
+    of the best form without them."""
     parts = kfold(len(t), folds)
-    for prefix_cost in sorted({f == "prefix" for f in forms}):
+
+    def cross_validated(terms: PrefillTerms) -> float:
         errs = []
         for held in parts:
             train = np.setdiff1d(np.arange(len(t)), held)
-            x = _fit_prefill_form(X[train], t[train], prefix_cost)
-            errs.append(ape(prefill_features(X[held]) @ x, t[held]))
-        cv = float(np.concatenate(errs).mean())
-        if best is None or cv < best[0] * (1 - 1e-6):
-            best = (cv, prefix_cost)
-    assert best is not None
-    a, b, c, d, e, f = (float(v) for v in _fit_prefill_form(X, t, best[1]))
-    coef = PrefillCoef(a=a, b=b, c=c, d=d, e=e, f=f)
+            x = _fit_prefill_form(X[train], t[train], terms)
+            errs.append(ape(_predict_prefill(x, terms, X[held]), t[held]))
+        return float(np.concatenate(errs).mean())
+
+    def best_of(candidates: list[PrefillTerms]) -> tuple[float, PrefillTerms] | None:
+        best: tuple[float, PrefillTerms] | None = None
+        for terms in candidates:
+            cv = cross_validated(terms)
+            if best is None or cv < best[0] * (1 - 1e-6):
+                best = (cv, terms)
+        return best
+
+    candidates = prefill_terms(forms, wave_tiles, X[:, 0])
+    base = best_of([c for c in candidates if not c.extended])
+    assert base is not None
+    chosen = base[1]
+    extended = best_of([c for c in candidates if c.extended])
+    if extended is not None and extended[0] < base[0] * (1 - PREFILL_EXTENSION_GAIN):
+        chosen = extended[1]
+    a, b, c, d, e, f, g = (float(v) for v in _fit_prefill_form(X, t, chosen))
+    coef = PrefillCoef(
+        a=a,
+        b=b,
+        c=c,
+        d=d,
+        e=e,
+        f=f,
+        g=g,
+        wave_tile=chosen.wave_tile if chosen.wave_tiles > 0 else 1,
+        wave_tiles=chosen.wave_tiles,
+    )
     return coef, score(lambda Xq: prefill_model(coef, Xq), X, t, X_off, t_off)
 
 

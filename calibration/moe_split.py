@@ -27,16 +27,16 @@ adds only ``moe_experts``. ``rescale`` carries a kernel change measured on anoth
 profiled one: each TARGET time (the profiled GPU, old kernels) times NEW / BASE, both timed on one
 GPU in one call (new kernels, and the old ones again as the baseline), shape by shape.
 
-``measure --parts prefill`` (or ``moe,prefill``) times each model's prefill attention block on
-the grid's prefill shapes instead of (or beside) its experts — a kernel change in prefill needs
-no decode, engine or MoE re-timing — and ``merge`` re-fits those prefill fits (forms smooth and
-prefix, as the shipped profile's) and replaces their raw points; ``--parts moe_whole`` times
-only the whole routed call (a change to its routing or combine leaves the experts' own work
+``measure --parts prefill`` (or ``moe,prefill``) times each model's prefill attention block on the
+grid's prefill shapes instead of (or beside) its experts — a kernel change in prefill needs no
+decode, engine or MoE re-timing — and ``merge`` re-fits those prefill fits (forms smooth, prefix,
+merge and waves, as the shipped profile's) and replaces their raw points; ``--parts moe_whole``
+times only the whole routed call (a change to its routing or combine leaves the experts' own work
 alone). ``--parts decode`` times each model's decode attention block on the grid's decode shapes
 and off-grid shapes (batch × context × verify tokens, as ``calibrate`` times them; FlashMLA on a
-GPU for V3) and ``merge`` re-fits its decode fits (``sweep.fit_attention``, the calibration's
-forms and the model's verify tile) — a change to the decode attention block alone, such as V3's
-block making FlashMLA's scheduler metadata once per step instead of in every layer
+GPU for V3) and ``merge`` re-fits its decode fits (``sweep.fit_attention``, the calibration's forms
+and the model's verify tile) — a change to the decode attention block alone, such as V3's block
+making FlashMLA's scheduler metadata once per step instead of in every layer
 (``DEEPINFER_MLA_SCHED=layer`` restores the old behaviour, the baseline of a rescale), needs no
 prefill, MoE or engine re-timing. ``rescale`` carries whichever parts all three files timed, shape
 by shape on each row's key columns ((experts, tokens), (kind, tokens, prefix), (kind, batch,
@@ -77,6 +77,7 @@ from .sweep import (
     fit_experts_alone,
     fit_routed,
     measurements_of,
+    prefill_wave_tiles,
     raw_of,
     time_decode,
     time_each,
@@ -89,7 +90,7 @@ PROFILED = (8, 256)  # (local experts, tokens) of the profiled call: a decode ra
 RAW_KEYS = ("moe", "moe_offgrid", "moe_experts", "moe_experts_offgrid")
 PREFILL_KEYS = ("prefill", "prefill_offgrid")
 DECODE_KEYS = ("decode", "decode_offgrid")
-PREFILL_FORMS_SHIPPED: tuple[PrefillForm, ...] = ("smooth", "prefix")
+PREFILL_FORMS_SHIPPED: tuple[PrefillForm, ...] = ("smooth", "prefix", "merge", "waves")
 # each part's raw keys; the attention parts, timed per attention kind by their sweep function
 PART_KEYS = {
     "moe": RAW_KEYS,
@@ -133,6 +134,8 @@ def measure_model(
             ATTENTION[part](bench, grid, kind, m, log)
     keys = tuple(k for part in attention for k in PART_KEYS[part])
     out: dict[str, Any] = {"verify_tiles": verify_tiles(bench.spec)} if "decode" in parts else {}
+    if "prefill" in parts:
+        out["wave_tiles"] = prefill_wave_tiles(bench.spec, bench.hardware)
     if "moe" in parts or "moe_whole" in parts:
         bench.release_kernels()
         m.moe = time_each(grid.moe_shapes(), log, "moe", bench.moe)
@@ -169,11 +172,11 @@ def merge(
     measured: dict[str, Any], profile: Profile, source: str, keep_whole: bool = False
 ) -> Profile:
     """``profile`` with what ``measured`` (``measure``'s output) timed of each model: its
-    ``moe`` re-fitted and ``moe_experts`` fitted, its prefill fits re-fitted (forms smooth and
-    prefix, as the shipped profile's), its decode fits re-fitted (``_fit_attention``); those
-    parts' fits, fit errors and raw points replaced, other models and fits kept. ``keep_whole``:
-    keep the profile's ``moe`` fits and raw points (those its engine replays were checked
-    against) and add only the experts alone."""
+    ``moe`` re-fitted and ``moe_experts`` fitted, its prefill fits re-fitted (forms smooth,
+    prefix, merge and waves, as the shipped profile's), its decode fits re-fitted
+    (``_fit_attention``); those parts' fits, fit errors and raw points replaced, other models
+    and fits kept. ``keep_whole``: keep the profile's ``moe`` fits and raw points (those its
+    engine replays were checked against) and add only the experts alone."""
     models = dict(profile.models)
     done: dict[str, list[str]] = {"moe": [], "moe_experts": [], "prefill": [], "decode": []}
     for name, res in measured.get("models", {}).items():
@@ -191,7 +194,7 @@ def merge(
         errors = dict(fits.fit)
         ((hw, coefs),) = fits.hardware.items()
         parts = [part for part in ATTENTION if res["raw"].get(part)]
-        update, attention_errors = _fit_attention(m, parts, name, res, source)
+        update, attention_errors = _fit_attention(m, parts, name, hw, res, source)
         errors.update(attention_errors)
         taken = tuple(k for part in parts for k in PART_KEYS[part])
         for part in parts:
@@ -218,7 +221,7 @@ def merge(
         raise UserError(f"{source}: no measured model")
     notes = [f"{part} of {', '.join(names)}" for part, names in done.items() if names]
     note = f"; {' and '.join(notes)} from {Path(source).name} (moe_split.py"
-    note += ", prefill forms smooth, prefix)" if done["prefill"] else ")"
+    note += f", prefill forms {', '.join(PREFILL_FORMS_SHIPPED)})" if done["prefill"] else ")"
     prov = profile.provenance
     return profile.model_copy(
         update={"models": models, "provenance": prov.model_copy(update={"note": prov.note + note})}
@@ -226,18 +229,21 @@ def merge(
 
 
 def _fit_attention(
-    m: Measurements, parts: list[str], name: str, res: dict[str, Any], source: str
+    m: Measurements, parts: list[str], name: str, hw: str, res: dict[str, Any], source: str
 ) -> tuple[dict[str, Any], dict[str, FitError]]:
     """The fits of ``parts`` (``prefill``, ``decode``) of ``m``, one model's measurements, and
-    their errors, as ``calibrate`` fits them (``sweep.fit_attention``: prefill forms smooth and
-    prefix, as the shipped profile's; decode with the verify tiles ``measure`` recorded, else
-    the model's own); refused where a kind timed has too few shapes to fit."""
+    their errors, as ``calibrate`` fits them (``sweep.fit_attention``: prefill forms smooth,
+    prefix, merge and waves, as the shipped profile's; decode with the verify tiles ``measure``
+    recorded, else the model's own); refused where a kind timed has too few shapes to fit."""
     if not parts:
         return {}, {}
     tiles = res.get("verify_tiles")
     if tiles is None and "decode" in parts:
         tiles = verify_tiles(load_model(name))
-    prefill, decode, errors = fit_attention(m, PREFILL_FORMS_SHIPPED, tiles)
+    waves = res.get("wave_tiles")  # what measure recorded; for a profile's raw, the model's own
+    if waves is None and "prefill" in parts:
+        waves = prefill_wave_tiles(load_model(name), hw)
+    prefill, decode, errors = fit_attention(m, PREFILL_FORMS_SHIPPED, tiles, waves or 0.0)
     fitted: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         "prefill": (prefill, m.prefill),
         "decode": (decode, m.decode),

@@ -1,14 +1,16 @@
 """Re-fit a measured profile from the raw measurements it keeps.
 
     python -m deepinfer_sim.calibration.refit IN.yaml OUT.yaml [--kernels
-        [--prefill-forms smooth,prefix]] [--a2a-from PROFILE]
+        [--prefill-forms smooth,prefix,merge,waves]] [--a2a-from PROFILE]
     python -m deepinfer_sim.calibration.refit --partial OUT.MODEL.partial.json [--json FILE]
 
 A profile keeps its raw measurements, so a better fit form needs no new GPU time. With
 ``--kernels`` the kernel fits (prefill and decode per attention kind, routed experts) are re-fitted
 from ``raw`` by the calibration's own code (``sweep.fit_kernels``), with their errors;
 ``--prefill-forms smooth,prefix`` lets cross-validation also try the prefill form with a fixed
-cost per chunk that has a prefix (``fit.fit_prefill``; not the default yet). The routed-expert
+cost per chunk that has a prefix, ``merge`` with a cost per new token of such a chunk, ``waves``
+with the prefix attention's new tokens counted in whole waves of query tiles (``fit.fit_prefill``;
+the shipped profile's prefill fits chose among all four; not the default yet). The routed-expert
 fit chooses by cross-validation between weight reads and GEMMs that add up (k = 1) and a smooth
 combination with a fitted k (``fit.fit_moe``), so a profile shipped additive may come back
 smooth. Then, always, ``sweep.fit_engine_overhead`` (the engine core's host time per step, the
@@ -43,6 +45,7 @@ from .sweep import (
     fit_experts_alone,
     fit_kernels,
     measurements_of,
+    prefill_wave_tiles,
     verify_tiles,
 )
 
@@ -72,7 +75,11 @@ def refit_kernels(
     for name, fits in profile.models.items():
         m, spec = measurements_of(fits.raw), load_model(name)
         top_k = spec.moe.top_k
-        prefill, decode, moe, errors = fit_kernels(m, top_k, prefill_forms, verify_tiles(spec))
+        (hw,) = fits.hardware  # a measured profile: one device per model
+        waves = prefill_wave_tiles(spec, hw)
+        prefill, decode, moe, errors = fit_kernels(
+            m, top_k, prefill_forms, verify_tiles(spec), waves
+        )
         alone = fit_experts_alone(m, top_k, errors)
         update = {"prefill": prefill, "decode": decode, "moe": moe, "moe_experts": alone}
         hardware = {hw: c.model_copy(update=update) for hw, c in fits.hardware.items()}
@@ -130,7 +137,9 @@ def carry_a2a(profile: Profile, source: Profile) -> Profile:
 def _forms(text: str) -> tuple[PrefillForm, ...]:
     names = tuple(text.split(","))
     if not names or set(names) - set(get_args(PrefillForm)):
-        raise argparse.ArgumentTypeError(f"choose from smooth, prefix (got {text})")
+        raise argparse.ArgumentTypeError(
+            f"choose from {', '.join(get_args(PrefillForm))} (got {text})"
+        )
     return cast("tuple[PrefillForm, ...]", names)
 
 

@@ -34,6 +34,7 @@ from .sweep import (
     fit_routed,
     measure,
     measurements_of,
+    prefill_wave_tiles,
     raw_of,
     verify_tiles,
 )
@@ -97,7 +98,9 @@ def run_calibration(
             bench,
             g,
             log=say,
-            checkpoint=functools.partial(save_partial, path=partial, model=model),
+            checkpoint=functools.partial(
+                save_partial, path=partial, model=model, hardware=bench.hardware
+            ),
         )
         prof = build_profile(bench, m, name or f"{bench.hardware}-{bench.kernels}", command=command)
         say(f"dtypes measured: {bench.dtypes.model_dump()}")
@@ -120,12 +123,12 @@ def partial_path(out: Path, model: str) -> Path:
     return out.with_name(f"{out.stem}.{model}.partial.json")
 
 
-def save_partial(m: Measurements, path: Path, model: str) -> None:
-    """``model``'s kernel measurements so far, in a profile's ``raw`` layout, replaced
-    atomically: a run killed part-way (a device call's time limit) keeps what it timed; removed
-    when the profile is written."""
+def save_partial(m: Measurements, path: Path, model: str, hardware: str) -> None:
+    """``model``'s kernel measurements so far on ``hardware``, in a profile's ``raw`` layout,
+    replaced atomically: a run killed part-way (a device call's time limit) keeps what it timed;
+    removed when the profile is written."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"model": model, "raw": raw_of(m)}) + "\n")
+    tmp.write_text(json.dumps({"model": model, "hardware": hardware, "raw": raw_of(m)}) + "\n")
     tmp.replace(path)
 
 
@@ -158,7 +161,9 @@ def partial_fits(
         m, model = measurements_of(saved["raw"]), load_model(saved["model"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a calibration's partial measurements ({exc})") from None
-    fits = fit_attention(m, prefill_forms, verify_tiles(model))[2]
+    hardware = saved.get("hardware")  # not kept by runs before 2026-12-07
+    waves = prefill_wave_tiles(model, hardware) if isinstance(hardware, str) else 0.0
+    fits = fit_attention(m, prefill_forms, verify_tiles(model), waves)[2]
     if len(m.moe) >= 4:
         fits["moe"] = fit_routed(m, model.moe.top_k)[1]
     fit_experts_alone(m, model.moe.top_k, fits)

@@ -448,17 +448,29 @@ def verify_tiles(spec: ModelSpec) -> dict[str, int]:
     return {"mla": max(1, 64 // heads)} if "mla" in kinds and heads < 64 else {}
 
 
+def prefill_wave_tiles(spec: ModelSpec, hardware: str) -> float:
+    """Query tiles of a prefill attention kernel the GPU runs at once: its SMs over the model's
+    query heads per GPU (a slice's own); 0 where the hardware file states no SM count
+    (``fit.fit_prefill`` then tries no wave form)."""
+    from ..models.registry import load_hardware
+
+    sms = load_hardware(hardware).sm_count
+    return sms / spec.attention.heads if sms else 0.0
+
+
 def fit_kernels(
     m: Measurements,
     top_k: int,
     prefill_forms: tuple[PrefillForm, ...] = PREFILL_FORMS,
     tiles_of_verify: dict[str, int] | None = None,
+    wave_tiles: float = 0.0,
 ) -> tuple[dict[str, PrefillCoef], dict[str, DecodeCoef], MoeCoef, dict[str, FitError]]:
     """Every kernel fit (prefill and decode per attention kind, the routed experts) of the
     grid measurements in ``m``, scored on its off-grid ones. ``top_k``: the model's routed
     experts per token (a timed MoE call of T tokens over E experts routes T·min(top_k, E));
-    ``prefill_forms``: the prefill forms cross-validation chooses from (``fit_prefill``)."""
-    prefill, decode, fits = fit_attention(m, prefill_forms, tiles_of_verify)
+    ``prefill_forms``: the prefill forms cross-validation chooses from (``fit_prefill``);
+    ``wave_tiles``: :func:`prefill_wave_tiles` of the model and device timed."""
+    prefill, decode, fits = fit_attention(m, prefill_forms, tiles_of_verify, wave_tiles)
     moe, fits["moe"] = fit_routed(m, top_k)
     return prefill, decode, moe, fits
 
@@ -494,9 +506,11 @@ def fit_attention(
     m: Measurements,
     prefill_forms: tuple[PrefillForm, ...] = PREFILL_FORMS,
     tiles_of_verify: dict[str, int] | None = None,
+    wave_tiles: float = 0.0,
 ) -> tuple[dict[str, PrefillCoef], dict[str, DecodeCoef], dict[str, FitError]]:
     """The prefill and decode fits of every attention kind ``m`` has enough shapes for
-    (``tiles_of_verify``: :func:`verify_tiles` of the model timed)."""
+    (``tiles_of_verify``: :func:`verify_tiles` of the model timed; ``wave_tiles``:
+    :func:`prefill_wave_tiles` of it on the device timed)."""
     tiles_of_verify = tiles_of_verify or {}
     fits: dict[str, FitError] = {}
     prefill, decode = {}, {}
@@ -505,7 +519,12 @@ def fit_attention(
             continue
         arr, oarr = _arr(rows, 3), _arr(m.prefill_off.get(kind, []), 3)
         prefill[kind], fits[f"prefill.{kind}"] = fit_prefill(
-            arr[:, :2], arr[:, 2], oarr[:, :2], oarr[:, 2], forms=prefill_forms
+            arr[:, :2],
+            arr[:, 2],
+            oarr[:, :2],
+            oarr[:, 2],
+            forms=prefill_forms,
+            wave_tiles=wave_tiles,
         )
     for kind, drows in m.decode.items():
         if len(drows) < 7:
@@ -561,7 +580,10 @@ def build_profile(bench: Bench, m: Measurements, name: str, command: str) -> Pro
 
     raw = raw_of(m)
     prefill, decode, moe, fits = fit_kernels(
-        m, bench.spec.moe.top_k, tiles_of_verify=verify_tiles(bench.spec)
+        m,
+        bench.spec.moe.top_k,
+        tiles_of_verify=verify_tiles(bench.spec),
+        wave_tiles=prefill_wave_tiles(bench.spec, bench.hardware),
     )
     hw = load_hardware(bench.hardware)
     if m.a2a:

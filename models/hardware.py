@@ -50,6 +50,13 @@ class HardwareSpec(FrozenModel):
     host_memory_bytes_per_gpu: float = Field(ge=0)
     scaleup: ScaleUp
     scaleout: ScaleOut
+    sm_count: int | None = Field(
+        None,
+        ge=1,
+        description="streaming multiprocessors, where the datasheet states them: how many query "
+        "tiles an attention kernel runs at once (PrefillCoef.wave_tiles moves with them when a "
+        "profile is derived); None: not stated, a derived profile keeps the measured GPU's",
+    )
     sustained_clock: SustainedClock | None = Field(
         None,
         description="compute-bound work's slowdown at the power limit, where measured "

@@ -39,6 +39,9 @@ prefill b         dense GEMMs per token                             dense
 prefill c, d      indexer and attention (n·p, n²)                   attn
 prefill e         per chunk, the prefix's cached entries (p)        mem × kv_bytes
 prefill f         per chunk with a prefix: its extra kernels        mem × dense_bytes (as a)
+prefill g         per new token of a chunk with a prefix (merge)    mem
+prefill waves     query tiles run at once (SMs ÷ heads)             × SM count ratio, where
+                                                                    both files state it; else kept
 decode a          launches, sync (not hardware-bound)               kept
 decode w          weight reads (the GEMMs' floor)                   mem × dense_bytes
 decode b, tile    dense GEMM rows (T, rounded up to the tile)       dense; tile kept
@@ -116,6 +119,7 @@ class Ratios:
     attn: float
     kv_bytes: float
     vision: float
+    sms: float = 1.0  # target SMs / source SMs (1 where a hardware file states none)
 
     @classmethod
     def of(cls, src: HardwareSpec, dst: HardwareSpec, measured: Dtypes, model: Precision) -> Ratios:
@@ -137,6 +141,7 @@ class Ratios:
             attn=rate(src, measured.attention) / rate(dst, measured.attention),
             kv_bytes=dtype_bytes(kv) / dtype_bytes(measured.kv_cache),
             vision=src.flops("bf16") / dst.flops("bf16"),
+            sms=dst.sm_count / src.sm_count if dst.sm_count and src.sm_count else 1.0,
         )
 
 
@@ -152,6 +157,8 @@ def scale_coefs(base: HardwareCoefs, r: Ratios) -> HardwareCoefs:
                 "d": c.d * r.attn,
                 "e": c.e * cache,
                 "f": c.f * weights,
+                "g": c.g * r.mem,
+                "wave_tiles": c.wave_tiles * r.sms,
             }
         )
         for k, c in base.prefill.items()

@@ -6,8 +6,11 @@ from and how. Its body holds fits **per model** (``models[name]``, a :class:`Mod
 precisions the kernels ran in, and per hardware name the fitted coefficients of each component,
 each per *layer* so that the simulator composes a whole model from its layer counts:
 
-- ``prefill[kind]``  t(n, p) = a + b·n + c·n·p + d·n² + e·p      one attention block + shared
-                     n new tokens of one sequence after a computed prefix of p tokens  expert
+- ``prefill[kind]``  t(n, p) = a + b·n + c·W(n)·p + d·n² + e·p     one attention block + shared
+                              + [p > 0]·(f + g·n)                    expert
+                     n new tokens of one sequence after a computed prefix of p tokens;
+                     W(n) = n, or with ``wave_tiles`` n counted in whole waves of the attention
+                     kernel's query tiles (:func:`wave_rows`)
 - ``decode[kind]``   t = a + max(w, g(⌈T/τ⌉)) + c·K + d·B + e·v·K + h·K/B + q·T
                      one attention block: B sequences, v verify tokens each, T = B·v query
                      tokens, K context tokens
@@ -82,6 +85,30 @@ class PrefillCoef(FrozenModel):
     f: float = Field(
         0.0, ge=0, description="per chunk that has a prefix (the prefix-only kernels' fixed cost)"
     )
+    g: float = Field(
+        0.0,
+        ge=0,
+        description="per new token of a chunk that has a prefix (an attention split in two "
+        "calls, over the chunk and over the prefix, merges their outputs per token)",
+    )
+    wave_tile: int = Field(1, ge=1, description="query rows per tile of the prefix attention")
+    wave_tiles: float = Field(
+        0.0,
+        ge=0,
+        description="query tiles the GPU runs at once (its SMs over the heads): the n of the n·p "
+        "term counts whole waves (wave_rows); 0: n as is",
+    )
+
+
+def wave_rows(n: Any, tile: int, tiles: float) -> Any:
+    """New tokens as an attention kernel over a prefix pays for them: each head's query rows
+    run in tiles of ``tile``, ``tiles`` tiles at once (one per SM), and every tile reads the
+    whole prefix, so a chunk costs whole waves of ``tile · tiles`` rows (``tiles`` 0: n as it
+    is). A TP8 slice of V3 on an H200 (16 heads, 132 SMs) runs 8.25 tiles of 128 rows per wave:
+    a 1,024-token chunk fills one wave, 1,100 tokens take two."""
+    if tiles <= 0:
+        return n
+    return tile * tiles * np.ceil(np.ceil(np.asarray(n, dtype=float) / tile) / tiles)
 
 
 def gemm_cost(tokens: np.ndarray, b: float, tile: int, steps: np.ndarray) -> np.ndarray:

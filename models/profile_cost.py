@@ -5,8 +5,10 @@ all-to-all models (see ``models/profile.py``); this class takes one model's coef
 one hardware (``Profile.coefs(model, hw)``) and composes them over the model's layer counts
 once, at construction, into a handful of coefficients, so every call on the hot path is O(1):
 
-    prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i² + E·p_i + F·[p_i > 0])
-                            (sums over layers)
+    prefill_dense(chunks) = A + Σ_i (B·n_i + C·n_i·p_i + D·n_i² + E·p_i
+                                     + [p_i > 0]·(F + G·n_i + Σ_w C_w·W_w(n_i)·p_i))
+                            (sums over layers; C_w the n·p terms of kinds whose fits count n in
+                            waves W_w of their attention's query tiles, one per wave shape)
     decode_dense(rank)    = Σ_kinds count·(a + max(w, b·τ·⌈T/τ⌉) + c·K + d·B + e·v·K)
                             (vectorized over ranks; τ = 1: T as is)
     moe_s(tokens)         = moe_layers · (a + ((e·E_act)^k + (f·rows)^k)^(1/k)),
@@ -36,8 +38,12 @@ from ..jit import COMPILED, exp, njit, pairwise_sum, power, sum_block
 from .comm import AllToAll
 from .cost import PHASES, Chunk, Phase, PoolShape, StepCost, StepParams
 from .hardware import HardwareSpec
-from .profile import HardwareCoefs, gemm_cost, tiled_verify
+from .profile import HardwareCoefs, gemm_cost, tiled_verify, wave_rows
 from .spec import ModelSpec
+
+# a prefill side's per-layer fits summed over its layers: (A, B, C, D, E, F, G) and, for kinds
+# whose n·p term counts whole waves, (C summed, query rows per tile, tiles per wave) per shape
+DenseSums = tuple[tuple[float, ...], tuple[tuple[float, int, float], ...]]
 
 
 class ProfileStepCost(StepCost):
@@ -94,18 +100,24 @@ class ProfileStepCost(StepCost):
         self._graph_seq_s = eng.prefill_graph_per_seq_s
         self._graph_token_s = eng.prefill_graph_per_token_s
 
-        def layer_sum(groups: list[Any], per_layer_host: float) -> tuple[float, ...]:
+        def layer_sum(groups: list[Any], per_layer_host: float) -> DenseSums:
             A = per_layer_host * sum(g.count for g in groups) if eager else 0.0
-            B = C = D = E = F = 0.0
+            B = C = D = E = F = G = 0.0
+            waves: dict[tuple[int, float], float] = {}  # (tile, tiles) -> C summed
             for g in groups:
                 c = coef_of(coefs.prefill, g.attention, "prefill")
                 A += g.count * c.a
                 B += g.count * c.b
-                C += g.count * c.c
+                if c.wave_tiles > 0:
+                    key = (c.wave_tile, c.wave_tiles)
+                    waves[key] = waves.get(key, 0.0) + g.count * c.c
+                else:
+                    C += g.count * c.c
                 D += g.count * c.d
                 E += g.count * c.e
                 F += g.count * c.f
-            return A, B, C, D, E, F
+                G += g.count * c.g
+            return (A, B, C, D, E, F, G), tuple((cw, t, k) for (t, k), cw in waves.items())
 
         pre_host = 0.0 if overlap else host.prefill
         self._pre = layer_sum([g for g in model.layer_groups if g.in_prefill], pre_host)
@@ -167,11 +179,13 @@ class ProfileStepCost(StepCost):
         )
         self._top_k = model.moe.top_k
         if eager and not overlap:  # the engine core's own host time per step (EngineOverhead)
-            self._pre = (
-                self._pre[0] + eng.prefill_step_s + eng.prefill_loop_s,
-                self._pre[1] + eng.prefill_per_token_s,
-                *self._pre[2:],
+            sums, waves = self._pre
+            sums = (
+                sums[0] + eng.prefill_step_s + eng.prefill_loop_s,
+                sums[1] + eng.prefill_per_token_s,
+                *sums[2:],
             )
+            self._pre = (sums, waves)
             self._pre_seq = eng.prefill_per_seq_s
         else:
             self._pre_seq = 0.0
@@ -214,29 +228,16 @@ class ProfileStepCost(StepCost):
         return step
 
     def prefill_dense(self, chunks: Sequence[Chunk]) -> float:
-        A, B, C, D, E, F = self._pre
-        per_seq = self._pre_seq
-        t = A
-        for n, p in chunks:
-            t += n * (B + C * p + D * n) + E * p + per_seq
-            if p:
-                t += F
-        return t
+        return _dense_sum(self._pre, chunks, self._pre_seq)
 
     def prefill_dense_without_attention(self, chunks: Sequence[Chunk]) -> float:
-        A, B = self._pre[0], self._pre[1]
+        A, B = self._pre[0][0], self._pre[0][1]
         return A + sum(n * B + self._pre_seq for n, _ in chunks)
 
     def replay_dense(self, chunks: Sequence[Chunk]) -> float:
         if self._rep is None:
             return 0.0
-        A, B, C, D, E, F = self._rep
-        t = A
-        for n, p in chunks:
-            t += n * (B + C * p + D * n) + E * p
-            if p:
-                t += F
-        return t
+        return _dense_sum(self._rep, chunks, 0.0)
 
     def decode_dense(self, batch: np.ndarray, kv_tokens: np.ndarray, verify: float) -> np.ndarray:
         tokens = batch * verify
@@ -353,6 +354,20 @@ class ProfileStepCost(StepCost):
             else 0.0
         )
         return (a + self._moe_host[phase] + both) * self._moe_layers[phase]
+
+
+def _dense_sum(sums: DenseSums, chunks: Sequence[Chunk], per_seq: float) -> float:
+    """One DP rank's non-expert time of ``chunks`` (new tokens, computed prefix) from a side's
+    summed fits (the module docstring's prefill_dense)."""
+    (A, B, C, D, E, F, G), waves = sums
+    t = A
+    for n, p in chunks:
+        t += n * (B + C * p + D * n) + E * p + per_seq
+        if p:
+            t += F + G * n
+            for cw, tile, tiles in waves:
+                t += cw * p * float(wave_rows(n, tile, tiles))
+    return t
 
 
 @njit

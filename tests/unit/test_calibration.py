@@ -28,6 +28,8 @@ from deepinfer_sim.calibration.fit import (
     kfold,
     moe_coef_model,
     moe_model,
+    prefill_model,
+    prefill_terms,
 )
 from deepinfer_sim.errors import ConfigError, UserError
 from deepinfer_sim.models.cost import PoolShape
@@ -43,6 +45,7 @@ from deepinfer_sim.models.profile import (
     Provenance,
     load_profile,
     merge_profiles,
+    wave_rows,
 )
 from deepinfer_sim.models.profile_cost import ProfileStepCost
 from deepinfer_sim.models.registry import load_hardware, load_model
@@ -124,6 +127,99 @@ def test_prefill_fit_takes_the_prefix_cost_only_where_cross_validation_wants_it(
     assert c1.prefill_dense(chunks) - c0.prefill_dense(chunks) == pytest.approx(
         2 * model.prefill_layers * 1e-4
     )
+
+
+def test_wave_rows_counts_whole_waves_of_query_tiles():
+    """V3's TP8 slice on an H200: 16 heads, 132 SMs, 8.25 tiles of 128 rows at once — 1,024 new
+    tokens (8 tiles per head) fill one wave of 1,056 rows, 1,100 (9 tiles) take two; without
+    waves n is as it is."""
+    assert wave_rows(1024, 128, 132 / 16) == pytest.approx(1056)
+    assert wave_rows(1100, 128, 132 / 16) == pytest.approx(2112)
+    assert wave_rows(16, 128, 132 / 16) == pytest.approx(1056)
+    assert np.allclose(wave_rows(np.array([2048.0, 2304.0]), 128, 132 / 16), [2112, 3168])
+    assert wave_rows(1100, 1, 0.0) == 1100
+
+
+WAVES = 132 / 16  # V3's TP8 slice on an H200
+EVERY_FORM = ("smooth", "prefix", "merge", "waves")
+
+
+def wave_truth(X: np.ndarray) -> np.ndarray:
+    """A prefill layer whose prefix attention runs in waves of 128-row tiles, 8.25 at once, and
+    whose chunks with a prefix pay per new token for merging the two attention calls."""
+    n, p = X[:, 0], X[:, 1]
+    merge = 5e-8 * n * (p > 0)
+    return 1.3e-4 + 1.3e-7 * n + 1.7e-11 * wave_rows(n, 128, WAVES) * p + 9e-12 * n * n + merge
+
+
+def wave_grid() -> np.ndarray:
+    n = [16, 128, 512, 896, 1024, 1100, 1536, 2048, 2304, 3072, 4096, 8192, 16384, 32768]
+    p = [0, 8192, 32768, 131072]
+    return np.array([(a, b) for a in n for b in p], dtype=float)
+
+
+def test_prefill_fit_counts_the_prefix_attention_in_waves_where_the_data_step():
+    """Data timed from a kernel that runs whole waves: the fit chooses the wave form (128-row
+    tiles, the given tiles per wave) and the merge term, recovers their coefficients and
+    predicts off-grid chunks on either side of a wave's edge within the noise — where the smooth
+    n·p form misses them by far more; given no SM count (wave_tiles 0) it cannot."""
+    rng = np.random.default_rng(2)
+    X = wave_grid()
+    Xo = np.array([(768, 24000), (1100, 24000), (2500, 24000), (12000, 2000)], dtype=float)
+    t, to = noisy(wave_truth(X), rng), noisy(wave_truth(Xo), rng)
+    coef, err = fit_prefill(X, t, Xo, to, forms=EVERY_FORM, wave_tiles=WAVES)
+    assert (coef.wave_tile, coef.wave_tiles) == (128, WAVES)
+    assert coef.c == pytest.approx(1.7e-11, rel=0.05)
+    assert coef.g == pytest.approx(5e-8, rel=0.25)
+    assert err.offgrid_mape is not None and err.offgrid_mape < 0.02
+    smooth, smooth_err = fit_prefill(X, t, Xo, to, forms=EVERY_FORM)  # no SM count
+    assert smooth.wave_tiles == 0 and smooth.wave_tile == 1
+    assert smooth_err.offgrid_mape is not None and smooth_err.offgrid_mape > 0.05
+    assert np.allclose(prefill_model(coef, Xo), wave_truth(Xo), rtol=0.03)
+
+
+def test_prefill_fit_keeps_the_plain_forms_where_waves_and_merge_buy_nothing():
+    """Data without waves or a merge: the extended forms do not lower the cross-validated
+    error by PREFILL_EXTENSION_GAIN, so the fit is the plain form's, coefficient for coefficient.
+    The extended forms are offered only when asked for (``merge``, ``waves``), and waves only
+    where the grid's chunks span more than one."""
+    rng = np.random.default_rng(3)
+    X = wave_grid()
+    t = noisy(prefill_truth(X), rng)
+    both = ("smooth", "prefix")
+    plain, _ = fit_prefill(X, t, forms=both)
+    offered, _ = fit_prefill(X, t, forms=EVERY_FORM, wave_tiles=WAVES)
+    assert offered == plain
+    assert plain.g == 0.0 and plain.wave_tiles == 0.0
+    assert {(f.f, f.g, f.wave_tile) for f in prefill_terms(EVERY_FORM, WAVES)} == {
+        (f, g, tile) for f in (False, True) for g in (False, True) for tile in (1, 64, 128)
+    }
+    assert {(f.f, f.g, f.wave_tile) for f in prefill_terms(both, WAVES)} == {
+        (False, False, 1),
+        (True, False, 1),
+    }
+    one_wave = np.array([16.0, 256.0, 512.0])  # inside the first wave (528 rows of 64-row tiles)
+    assert all(f.wave_tiles == 0 for f in prefill_terms(EVERY_FORM, WAVES, one_wave))
+    with pytest.raises(ValueError, match="smooth and/or prefix"):
+        prefill_terms(("merge", "waves"), WAVES)
+
+
+def test_the_simulator_charges_a_wave_fit_as_the_fit_predicts():
+    """ProfileStepCost composes a fit with waves and a merge term over the model's layers:
+    one rank's chunks cost what the fit's own model gives per chunk, times the layers (the
+    constant once per step), the chunk without a prefix paying neither."""
+    model = load_model(FLASH)
+    coef = PrefillCoef(
+        a=1e-4, b=2e-8, c=3e-12, d=1e-13, e=2e-10, f=5e-5, g=4e-8, wave_tile=128, wave_tiles=WAVES
+    )
+    coefs = make_coefs().model_copy(update={"prefill": {"csa": coef, "hca": coef}})
+    cost = ProfileStepCost(model, load_hardware("h200"), PoolShape(1, 0), coefs)
+    chunks = [(1100, 24000), (512, 0), (2048, 8192)]
+    per_chunk = prefill_model(coef, np.array(chunks, dtype=float)) - coef.a
+    layers = model.prefill_layers
+    assert cost.prefill_dense(chunks) == pytest.approx(layers * (coef.a + per_chunk.sum()))
+    one = cost.prefill_dense([(1100, 24000)]) - cost.prefill_dense([(1024, 24000)])
+    assert one > layers * coef.c * 24000 * 1000  # the second wave: ~1,056 rows more
 
 
 def decode_rows(bs, vs, ls) -> np.ndarray:
@@ -572,6 +668,26 @@ def test_merge_needs_the_same_device_and_kernels_and_disjoint_models():
 
 
 # ---- derivation ---------------------------------------------------------------------------------
+
+
+def test_a_derived_profile_moves_the_prefill_waves_with_the_sm_count():
+    """The waves of a prefill fit (tiles run at once = SMs / heads) scale by the target's SM
+    count over the source's (132 -> 148 on a B200), the merge term by HBM bandwidth; a target
+    whose file states no SM count (Ascend 910C) keeps the measured GPU's waves."""
+    coef = PrefillCoef(a=1e-4, b=2e-8, c=3e-12, d=1e-13, g=4e-8, wave_tile=128, wave_tiles=8.25)
+    prof = make_profile()
+    fits = prof.models[FLASH]
+    coefs = fits.hardware["h200"].model_copy(update={"prefill": {"csa": coef, "hca": coef}})
+    measured = prof.model_copy(
+        update={"models": {FLASH: fits.model_copy(update={"hardware": {"h200": coefs}})}}
+    )
+    d = derive(measured, "x-derived", ["b200", "ascend910c"])
+    h, b = load_hardware("h200"), load_hardware("b200")
+    assert (h.sm_count, b.sm_count, load_hardware("ascend910c").sm_count) == (132, 148, None)
+    on_b200 = d.models[FLASH].hardware["b200"].prefill["csa"]
+    assert on_b200.wave_tiles == pytest.approx(8.25 * 148 / 132) and on_b200.wave_tile == 128
+    assert on_b200.g == pytest.approx(4e-8 * h.hbm_bytes_per_s / b.hbm_bytes_per_s)
+    assert d.models[FLASH].hardware["ascend910c"].prefill["csa"].wave_tiles == 8.25
 
 
 def test_the_models_dtype_counts_only_where_the_target_has_units_for_it():

@@ -75,9 +75,9 @@ def moe_points(fits, top_k: int, key: str = "moe") -> tuple[np.ndarray, np.ndarr
 def test_refitting_the_shipped_kernel_fits_from_raw_reproduces_them():
     """Every kernel fit of h200-deepseek (and its off-grid error) is what the calibration's own
     fitting code makes of the raw measurements the profile keeps (refit.py --kernels
-    --prefill-forms smooth,prefix, as shipped): the prefill form, the decode staircase and the
-    routed-expert form (``fit_moe``, smooth forms among the candidates) each chosen by
-    cross-validation.
+    --prefill-forms smooth,prefix,merge,waves, as shipped): the prefill form, the decode
+    staircase and the routed-expert form (``fit_moe``, smooth forms among the candidates) each
+    chosen by cross-validation.
 
     The decode fit is a non-smooth, non-convex least squares (max(w, staircase)) whose optimum is
     flat, and the path to it runs through the machine's BLAS, whose kernels differ by CPU: CI's
@@ -88,12 +88,16 @@ def test_refitting_the_shipped_kernel_fits_from_raw_reproduces_them():
     fit's own off-grid error and on average within 0.5 %: another fit of the same data, not a
     different model."""
     prof = load_profile("h200-deepseek")
-    again = refit_kernels(prof, ("smooth", "prefix"))
+    again = refit_kernels(prof, ("smooth", "prefix", "merge", "waves"))
     assert "re-fitted from raw" in again.provenance.note
     for name, fits in prof.models.items():
         new = again.models[name]
         for key, err in fits.fit.items():
             assert new.fit[key].offgrid_mape == pytest.approx(err.offgrid_mape, abs=1e-3), key
+        for kind, coef in fits.hardware["h200"].prefill.items():
+            got = new.hardware["h200"].prefill[kind]
+            form = (got.f > 0, got.g > 0, got.wave_tile, got.wave_tiles)
+            assert form == (coef.f > 0, coef.g > 0, coef.wave_tile, coef.wave_tiles), (name, kind)
         top_k = load_model(name).moe.top_k
         X, t = moe_points(fits, top_k)
         Xo, to = moe_points(fits, top_k, "moe_offgrid")
@@ -116,9 +120,9 @@ def test_the_shipped_prefix_form_lowers_the_prefill_fits_off_grid_error():
     """h200-deepseek's prefill fits use the prefix form (f·[p > 0] per chunk with a prefix)
     where cross-validation chose it: every fit but V4-Pro's HCA, which keeps the smooth form
     (f = 0). Re-fitted with the smooth form alone, every other V4 fit scores higher off-grid
-    (V4.1-Flash CSA 1.9 → 2.7 %, V4-Pro CSA 3.8 → 5.7 %); V3's MLA is the exception (1.9 %
-    shipped, 1.7 % smooth: with 68 grid points the cross-validated pick is not the off-grid best
-    there). calibration/README.md has the table."""
+    (V4.1-Flash CSA 1.9 → 2.7 %, V4-Pro CSA 2.4 → 5.7 %); V3's MLA is left out of that
+    comparison (its shipped form also counts waves and merges: the next test).
+    calibration/README.md has the table."""
     prof = load_profile("h200-deepseek")
     smooth = refit_kernels(prof, ("smooth",))
     for name, fits in prof.models.items():
@@ -141,6 +145,34 @@ def test_the_shipped_prefix_form_lowers_the_prefill_fits_off_grid_error():
     assert smooth.models["deepseek-v4.1-flash"].fit["prefill.csa"].offgrid_mape == pytest.approx(
         0.0269, abs=5e-4
     )
+
+
+def test_the_waves_and_merge_terms_lower_v3s_prefill_fits_off_grid_error():
+    """V3 and its TP slices run their prefill attention as two cuDNN calls (over the chunk, over
+    the prefix) merged per token, each head's query rows in 128-row tiles, SMs ÷ heads of them at
+    once: cross-validation took the merge term and the waves for all four, and V4-Pro's CSA the
+    merge term alone; no other prefill fit took either. Re-fitted with the smooth and prefix
+    forms alone, the four V3 fits score 5.5 / 5.0 / 5.1 / 6.5 % off-grid against 2.6 / 3.8 /
+    3.3 / 3.7 % shipped."""
+    prof = load_profile("h200-deepseek")
+    plain = refit_kernels(prof, ("smooth", "prefix"))
+    shipped = {"": 0.026, "@tp2": 0.038, "@tp4": 0.033, "@tp8": 0.037}
+    without = {"": 0.055, "@tp2": 0.050, "@tp4": 0.051, "@tp8": 0.065}
+    for suffix, err in shipped.items():
+        name = f"deepseek-v3{suffix}"
+        coef = prof.models[name].hardware["h200"].prefill["mla"]
+        assert coef.g > 0 and coef.wave_tile == 128 and coef.wave_tiles > 1, name
+        assert prof.models[name].fit["prefill.mla"].offgrid_mape == pytest.approx(err, abs=6e-4)
+        got = plain.models[name].fit["prefill.mla"].offgrid_mape
+        assert got == pytest.approx(without[suffix], abs=6e-4), name
+    extended = {
+        (name, kind)
+        for name, fits in prof.models.items()
+        for kind, c in fits.hardware["h200"].prefill.items()
+        if c.g > 0 or c.wave_tiles > 0
+    }
+    v3 = {(f"deepseek-v3{s}", "mla") for s in shipped}
+    assert extended == v3 | {("deepseek-v4-pro", "csa")}
 
 
 # off-grid MoE MAPE of h200-deepseek's shipped (smooth) fits, and re-fitted additive only
