@@ -18,7 +18,9 @@
 # v4pro (calibrate --kernels deepseek --quick for that model), v41kernels (V4.1-Flash's kernel
 # fits alone: no engine steps, no vision), prefillcheck (MLA prefill attention's split form on
 # cuDNN against the float32 softmax, and tp_kernel_bench's attention and combine cases),
-# prefillv3 (V3 and its TP slices' prefill attention alone: moe_split --parts prefill,
+# mergev3 (the split attention's Triton merge checked and timed, then V3 and its TP slices'
+# prefill timed with it and with the reference merge, DEEPINFER_MERGE=torch: the rescale's
+# NEW and BASE), prefillv3 (V3 and its TP slices' prefill attention alone: moe_split --parts prefill,
 # $PREFILL_MODELS, into $PREFILL_OUT.json), moev3 (V3's routed experts whole and alone),
 # moewhole (the whole routed call alone of $MOE_WHOLE_MODELS, default the expert-TP slices,
 # into $MOE_WHOLE_OUT.json), slices (kernel fits of one GPU's slice under tensor
@@ -115,6 +117,16 @@ print(json.dumps(d.check_graph_prefill(d.Checker(as_device('cuda'), False))))" ;
 import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
 print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))"
       run 150 tpbench $P.kernels.tp_kernel_bench --skip moe --out "$OUT/tp_bench.json" ;;
+    mergev3) run 60 mergecheck python3 -c "import json; from deepinfer_sim.kernels \
+import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
+print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))"
+      run 90 mergebench $P.kernels.tp_kernel_bench --skip moe --skip attention --skip combine \
+        --out "$OUT/merge_bench.json"
+      pm=${PREFILL_MODELS:-deepseek-v3,deepseek-v3@tp8,deepseek-v3@tp4,deepseek-v3@tp2}
+      run 230 "prefillv3 triton merge" $P.calibration.moe_split measure --parts prefill \
+        --out "$OUT/prefill_v3_merge.json" --models "$pm"
+      DEEPINFER_MERGE=torch run 230 "prefillv3 torch merge" $P.calibration.moe_split measure \
+        --parts prefill --out "$OUT/prefill_v3_torchmerge.json" --models "$pm" ;;
     prefillv3) run 400 prefillv3 $P.calibration.moe_split measure --parts prefill \
         --out "$OUT/${PREFILL_OUT:-prefill_v3}.json" \
         --models "${PREFILL_MODELS:-deepseek-v3,deepseek-v3@tp8,deepseek-v3@tp4,deepseek-v3@tp2}" ;;

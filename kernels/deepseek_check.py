@@ -408,6 +408,7 @@ def check_causal_attention(c: Checker) -> dict[str, Any]:
     res: dict[str, Any] = {"rel_err": err, "ok": err <= KERNEL_TOL}
     if dev.type == "cuda" and dt in (torch.float16, torch.bfloat16):
         res["cudnn_split"] = mla.cudnn_split_ok(dev, dt, d, dv)
+        res["triton_merge"] = mla.triton_merge_ok(dev)
         res["flash_rel_err"] = rel_err(mla._flash_causal(q, k, v, scale).float(), want)
         res["ok"] = res["ok"] and res["flash_rel_err"] <= KERNEL_TOL
     return res

@@ -14,6 +14,9 @@ Two questions the published TP deployments raise (docs/validation.md, "The corpu
   chunk over itself, causal, and over the prefix, unmasked, merged by log-sum-exps).
 * **The experts' combine.** Each token's k expert rows weighted and summed: the reference's
   float32 copies with ``index_add_`` against the Triton combine (``kernels/triton_combine.py``).
+* **The split attention's merge.** The two partial outputs of a chunk with a prefix merged by
+  their log-sum-exps: the reference's float32 passes against the Triton merge
+  (``kernels/triton_merge.py``), at each TP slice's heads.
 
     python -m deepinfer_sim.kernels.tp_kernel_bench --out FILE.json [--quick]
     python -m deepinfer_sim.kernels.tp_kernel_bench --dry-run       # the cases, no GPU
@@ -41,6 +44,7 @@ ROWS = (4, 16, 64, 256, 1024)
 HEADS = (16, 32, 128)  # V3's 128 heads over TP 8, 4, 1
 CHUNKS = ((4096, 0), (8192, 0), (8192, 8192), (8192, 24576))  # (new tokens, prefix)
 COMBINE_TOKENS = (256, 2048, 8192, 16384)
+MERGE_TOKENS = (1024, 8192, 16384)
 
 
 def moe_cases(models: tuple[str, ...] = MODELS, quick: bool = False) -> list[dict[str, Any]]:
@@ -75,6 +79,15 @@ def combine_cases(quick: bool = False) -> list[dict[str, Any]]:
     return [
         {"tokens": t, "top_k": 8, "hidden": 7168}
         for t in (COMBINE_TOKENS[1:3] if quick else COMBINE_TOKENS)
+    ]
+
+
+def merge_cases(quick: bool = False) -> list[dict[str, Any]]:
+    """V3's merge (value heads 128 wide) at each TP slice's heads."""
+    return [
+        {"heads": hd, "tokens": t, "d_v": 128}
+        for hd in ((16, 128) if quick else HEADS)
+        for t in (MERGE_TOKENS[1:] if quick else MERGE_TOKENS)
     ]
 
 
@@ -132,6 +145,28 @@ def time_combine(case: dict[str, Any]) -> dict[str, Any]:
         return combine_rows(y, sorted_positions(order, k), w)
 
     return _time_kernels(dict(case), (("index_add", reference), ("triton", triton)), ref)
+
+
+def time_merge(case: dict[str, Any]) -> dict[str, Any]:
+    """The reference merge and the Triton merge on one shape (GPU only), the outputs in
+    cuDNN's head-major layout."""
+    import torch
+
+    from .triton_merge import merge_reference, merge_states
+
+    h, n, dv = case["heads"], case["tokens"], case["d_v"]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    o_new, o_pre = (
+        torch.randn((1, h, n, dv), device="cuda", generator=gen).to(torch.bfloat16)
+        for _ in range(2)
+    )
+    l_new, l_pre = (4 * torch.randn((1, h, n), device="cuda", generator=gen) for _ in range(2))
+    ref = merge_reference(o_new, l_new, o_pre, l_pre).float()
+    kernels = (
+        ("reference", lambda: merge_reference(o_new, l_new, o_pre, l_pre)),
+        ("triton", lambda: merge_states(o_new, l_new, o_pre, l_pre)),
+    )
+    return _time_kernels(dict(case), kernels, ref)
 
 
 def time_moe(case: dict[str, Any]) -> dict[str, Any]:
@@ -214,23 +249,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--quick", action="store_true", help="a few cases of each kind")
     ap.add_argument("--dry-run", action="store_true", help="list the cases; no GPU needed")
-    ap.add_argument("--skip", choices=("moe", "attention", "combine"), action="append", default=[])
+    ap.add_argument(
+        "--skip", choices=("moe", "attention", "combine", "merge"), action="append", default=[]
+    )
     args = ap.parse_args(argv)
     moe = [] if "moe" in args.skip else moe_cases(quick=args.quick)
     att = [] if "attention" in args.skip else attention_cases(quick=args.quick)
     comb = [] if "combine" in args.skip else combine_cases(quick=args.quick)
+    merge = [] if "merge" in args.skip else merge_cases(quick=args.quick)
     if args.dry_run:
-        print(json.dumps({"moe": moe, "attention": att, "combine": comb}, indent=1))
+        print(json.dumps({"moe": moe, "attention": att, "combine": comb, "merge": merge}, indent=1))
         return 0
     if args.out is None:
         ap.error("--out is required unless --dry-run")
     import torch
 
-    rows: dict[str, list[dict[str, Any]]] = {"moe": [], "attention": [], "combine": []}
+    rows: dict[str, list[dict[str, Any]]] = {"moe": [], "attention": [], "combine": [], "merge": []}
     for kind, cases, fn in (
         ("moe", moe, time_moe),
         ("attention", att, time_attention),
         ("combine", comb, time_combine),
+        ("merge", merge, time_merge),
     ):
         for case in cases:
             rows[kind].append(fn(case))

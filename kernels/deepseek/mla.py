@@ -41,8 +41,9 @@ from .._util import as_device, decided_once, default_dtype, generator, randn, rm
 from ..block import LayerBlock
 from ..cache import SlotBook
 from ..shapes import LayerShape
+from ..triton_merge import merge_reference
 from . import flashmla
-from .fp8 import FP8Linear, quantize_rows, residual_and_shared_expert
+from .fp8 import FP8Linear, quantize_rows, residual_and_shared_expert, used
 from .plan import DevicePlan
 
 PAGE = 64  # FlashMLA's dense decode page size
@@ -159,6 +160,7 @@ class MLABlock(LayerBlock):
             self.w_gu, self.w_down = FP8Linear([self.w_gate_up], fp8), FP8Linear([self.w_dn], fp8)
         if dev.type == "cuda" and dt in (torch.float16, torch.bfloat16):
             cudnn_split_ok(dev, dt, nope + rope, vh)  # decided before any graph is captured
+            triton_merge_ok(dev)
 
     def new_pool(self, max_seqs: int, max_tokens: int, seed: int = 0) -> MLAPool:
         return MLAPool(
@@ -316,12 +318,41 @@ def _split_attention(
     if p == 0:
         return o_new[0].transpose(0, 1)
     o_pre, l_pre = kernel(qh, _heads_first(k[:p]), _heads_first(v[:p]), scale, False)
-    m = torch.maximum(l_new, l_pre)
-    w_new, w_pre = torch.exp(l_new - m), torch.exp(l_pre - m)
-    out = (o_new.float() * w_new.unsqueeze(-1) + o_pre.float() * w_pre.unsqueeze(-1)) / (
-        w_new + w_pre
-    ).unsqueeze(-1)
-    return out[0].transpose(0, 1).to(q.dtype)
+    if triton_merge_ok(q.device):
+        from ..triton_merge import merge_states
+
+        used.add("triton_merge")
+        return merge_states(o_new, l_new, o_pre, l_pre)
+    return merge_reference(o_new, l_new, o_pre, l_pre)
+
+
+_MERGE_OK: dict[str, bool] = {}  # device -> does the Triton merge run there and agree
+
+
+def triton_merge_ok(device: torch.device) -> bool:
+    """Decided once per device, outside any graph capture (inside one, an undecided device
+    takes the reference merge): the kernel on 300 tokens × 8 heads against its reference;
+    ``DEEPINFER_MERGE=torch`` keeps the reference (the baseline the kernel is timed against)."""
+    if os.environ.get("DEEPINFER_MERGE") == "torch" or device.type != "cuda":
+        return False
+    return decided_once(_MERGE_OK, str(device), lambda: _merge_agrees(device)) is True
+
+
+def _merge_agrees(device: torch.device) -> bool:
+    from ..triton_merge import merge_states
+
+    g = torch.Generator(device=device).manual_seed(13)
+    o_new, o_pre = (
+        torch.randn((1, 8, 300, 128), generator=g, device=device).to(torch.bfloat16)
+        for _ in range(2)
+    )
+    l_new, l_pre = (4 * torch.randn((1, 8, 300), generator=g, device=device) for _ in range(2))
+    try:
+        got = merge_states(o_new, l_new, o_pre, l_pre).float()
+    except Exception:  # no Triton, or no kernel for this GPU: the reference's
+        return False
+    want = merge_reference(o_new, l_new, o_pre, l_pre).float()
+    return bool((got - want).norm() <= 1e-2 * want.norm())
 
 
 _CUDNN_SPLIT: dict[tuple[str, torch.dtype, int, int], bool] = {}

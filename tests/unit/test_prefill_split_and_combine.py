@@ -13,6 +13,7 @@ from deepinfer_sim.kernels.deepseek import mla
 from deepinfer_sim.kernels.moe import MoEBlock
 from deepinfer_sim.kernels.shapes import LayerShape
 from deepinfer_sim.kernels.triton_combine import combine_reference, sorted_positions
+from deepinfer_sim.kernels.triton_merge import merge_reference, merge_states
 
 
 def _math_kernel(q, k, v, scale, causal):
@@ -82,6 +83,36 @@ def test_the_gpu_kernels_are_declined_where_they_cannot_run(monkeypatch):
     assert mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)  # decided once, not re-checked
     monkeypatch.setenv("DEEPINFER_PREFILL_ATTENTION", "flash")
     assert not mla.cudnn_split_ok(gpu, torch.bfloat16, 24, 16)
+    assert not mla.triton_merge_ok(cpu)
+    monkeypatch.setattr(mla, "_MERGE_OK", {"cuda:0": True})
+    assert mla.triton_merge_ok(gpu)
+    monkeypatch.setenv("DEEPINFER_MERGE", "torch")  # the reference, to time the kernel against
+    assert not mla.triton_merge_ok(gpu)
+
+
+def test_the_merge_kernel_refuses_outputs_that_do_not_agree():
+    o = torch.zeros((1, 2, 5, 8))
+    with pytest.raises(ValueError, match="do not agree"):
+        merge_states(o, torch.zeros((1, 2, 5)), torch.zeros((1, 2, 4, 8)), torch.zeros((1, 2, 5)))
+
+
+@pytest.mark.gpu
+def test_the_triton_merge_equals_its_reference_on_cuda():
+    """On a CUDA GPU with Triton: the fused merge of two bf16 partial outputs (cuDNN's
+    head-major layout, one of them strided) equals the float32 reference within bf16 rounding,
+    including rows where one side's log-sum-exp is far below the other's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    g = torch.Generator(device="cuda").manual_seed(3)
+    o_new = torch.randn((1, 16, 777, 128), generator=g, device="cuda").to(torch.bfloat16)
+    o_pre = torch.randn((1, 777, 16, 128), generator=g, device="cuda").to(torch.bfloat16)
+    o_pre = o_pre.transpose(1, 2)  # [1, H, n, d] with the tokens outermost, as cuDNN's may be
+    l_new = 8 * torch.randn((1, 16, 777), generator=g, device="cuda")
+    l_pre = l_new - 60 * (torch.arange(777, device="cuda") % 2)
+    got = merge_states(o_new, l_new, o_pre, l_pre).float()
+    want = merge_reference(o_new, l_new, o_pre, l_pre).float()
+    assert got.shape == (777, 16, 128)
+    assert (got - want).norm() <= 1e-2 * want.norm()
 
 
 def test_a_kernel_choice_is_decided_once_per_key_and_never_inside_a_capture(monkeypatch):

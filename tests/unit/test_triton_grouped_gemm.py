@@ -72,7 +72,8 @@ def test_shapes_that_disagree_are_refused():
 
 def test_the_tp_kernel_bench_lists_its_cases(capsys):
     """The GPU benchmark's plumbing on the CPU: every model's gate-up and down GEMMs at each
-    expert-TP width, and V3's prefill attention at each TP slice's heads."""
+    expert-TP width, and V3's prefill attention and its split form's merge at each TP slice's
+    heads."""
     assert tp_kernel_bench.main(["--dry-run"]) == 0
     cases = json.loads(capsys.readouterr().out)
     widths = {(c["model"], c["moe_tp"], c["gemm"]): (c["n"], c["k"]) for c in cases["moe"]}
@@ -81,6 +82,7 @@ def test_the_tp_kernel_bench_lists_its_cases(capsys):
     assert widths[("deepseek-v4.1-flash", 2, "down")] == (5120, 1152)
     assert {c["heads"] for c in cases["attention"]} == {16, 32, 128}
     assert {(c["top_k"], c["hidden"]) for c in cases["combine"]} == {(8, 7168)}
+    assert {(c["heads"], c["d_v"]) for c in cases["merge"]} == {(16, 128), (32, 128), (128, 128)}
 
 
 @pytest.mark.gpu
