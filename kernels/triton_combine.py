@@ -16,6 +16,7 @@ the kernel's function in torch (any device); the kernel needs a CUDA GPU.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -39,14 +40,9 @@ def combine_reference(y: torch.Tensor, pos: torch.Tensor, w: torch.Tensor) -> to
     return (rows.float() * w.float().unsqueeze(-1)).sum(1).to(y.dtype)
 
 
-_KERNEL: Any = None
-
-
+@functools.cache
 def _kernel() -> Any:
     """The Triton kernel, compiled on first use (Triton imports only here)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton.language as tl
     from triton import jit
 
@@ -65,7 +61,6 @@ def _kernel() -> Any:
             acc += wj * tl.load(y_ptr + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
-    _KERNEL = kernel
     return kernel
 
 

@@ -22,6 +22,7 @@ CPU and are tested there; the kernel itself needs a CUDA GPU with FP8 (sm89+).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -70,14 +71,9 @@ def grouped_reference(
     return out.to(torch.bfloat16)
 
 
-_KERNEL: Any = None
-
-
+@functools.cache
 def _kernel() -> Any:
     """The autotuned Triton kernel, compiled on first use (Triton imports only here)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton
     import triton.language as tl
 
@@ -122,7 +118,6 @@ def _kernel() -> Any:
         o_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
         tl.store(o_ptrs, acc.to(tl.bfloat16), mask=row_ok[:, None] & col_ok[None, :])
 
-    _KERNEL = kernel
     return kernel
 
 

@@ -17,6 +17,7 @@ kernel needs a CUDA GPU.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -37,14 +38,9 @@ def merge_reference(
     return out[0].transpose(0, 1).to(o_new.dtype)
 
 
-_KERNEL: Any = None
-
-
+@functools.cache
 def _kernel() -> Any:
     """The Triton kernel, compiled on first use (Triton imports only here)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton.language as tl
     from triton import jit
 
@@ -67,7 +63,6 @@ def _kernel() -> Any:
         merged = (a * w_new + b * w_pre) / (w_new + w_pre)
         tl.store(out_ptr + t * s_tn + h * s_th + cols, merged.to(out_ptr.dtype.element_ty), mask=ok)
 
-    _KERNEL = kernel
     return kernel
 
 

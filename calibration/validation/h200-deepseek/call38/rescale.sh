@@ -20,20 +20,5 @@ $P rescale "$T/decode_target.json" "$D/decode_v3_layer.json" "$D/decode_v3.json"
 $P merge "$D/decode_v3_h200.json" "$T/before.yaml" "$prof"
 note="; re-derived 2026-12-06 after device call 38: V3 and its TP slices' decode (FlashMLA's \
 scheduler metadata once per step)"
-for spec in "sm100-derived b200,gb200,b300,gb300" "hopper-derived h800,h100" \
-  "ascend910c-derived ascend910c" "ascend950-derived ascend950dt,ascend950pr"; do
-  set -- $spec
-  out=calibration/profiles/$1.yaml
-  git show 2edde13:"$out" > "$T/old.yaml"
-  deepinfer-sim derive-profile "$prof" --targets "$2" --name "$1" --out "$T/new.yaml"
-  python - "$T/old.yaml" "$T/new.yaml" "$out" "$note" <<'PY'
-import sys
-from pathlib import Path
-from deepinfer_sim.models.profile import load_profile, write_profile
-old, new, out, note = sys.argv[1:]
-prev, fresh = load_profile(old), load_profile(new)
-prov = fresh.provenance.model_copy(update={"note": prev.provenance.note + note})
-write_profile(fresh.model_copy(update={"provenance": prov}), Path(out))
-PY
-done
+bash calibration/validation/h200-deepseek/rederive.sh 2edde13 "$note"
 rm -rf "$T"

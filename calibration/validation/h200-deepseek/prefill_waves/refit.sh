@@ -33,20 +33,5 @@ write_profile(prof.model_copy(update={"models": models, "provenance": prov}), Pa
 PY
 note="; re-derived 2026-12-07 after the prefill fits of V3, its TP slices and V4-Pro were \
 re-fitted with the prefix attention's waves and the per-token merge (prefill_waves/refit.sh)"
-for spec in "sm100-derived b200,gb200,b300,gb300" "hopper-derived h800,h100" \
-  "ascend910c-derived ascend910c" "ascend950-derived ascend950dt,ascend950pr"; do
-  set -- $spec
-  out=calibration/profiles/$1.yaml
-  git show c537e4b:"$out" > "$T/old.yaml"
-  deepinfer-sim derive-profile "$prof" --targets "$2" --name "$1" --out "$T/new.yaml"
-  python - "$T/old.yaml" "$T/new.yaml" "$out" "$note" <<'PY'
-import sys
-from pathlib import Path
-from deepinfer_sim.models.profile import load_profile, write_profile
-old, new, out, note = sys.argv[1:]
-prev, fresh = load_profile(old), load_profile(new)
-prov = fresh.provenance.model_copy(update={"note": prev.provenance.note + note})
-write_profile(fresh.model_copy(update={"provenance": prov}), Path(out))
-PY
-done
+bash calibration/validation/h200-deepseek/rederive.sh c537e4b "$note"
 rm -rf "$T"

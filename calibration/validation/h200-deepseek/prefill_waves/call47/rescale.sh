@@ -33,20 +33,5 @@ $P rescale "$T/target.json" "$D/prefill_v3_torchmerge.json" "$T/new.json" \
 $P merge "$D/prefill_v3_h200.json" "$T/before.yaml" "$prof"
 note="; re-derived 2026-12-07 after device call 47: V3 and its TP slices' prefill with the split \
 attention's Triton merge (prefill_waves/call47/rescale.sh)"
-for spec in "sm100-derived b200,gb200,b300,gb300" "hopper-derived h800,h100" \
-  "ascend910c-derived ascend910c" "ascend950-derived ascend950dt,ascend950pr"; do
-  set -- $spec
-  out=calibration/profiles/$1.yaml
-  git show 603fba3:"$out" > "$T/old.yaml"
-  deepinfer-sim derive-profile "$prof" --targets "$2" --name "$1" --out "$T/new.yaml"
-  python - "$T/old.yaml" "$T/new.yaml" "$out" "$note" <<'PY'
-import sys
-from pathlib import Path
-from deepinfer_sim.models.profile import load_profile, write_profile
-old, new, out, note = sys.argv[1:]
-prev, fresh = load_profile(old), load_profile(new)
-prov = fresh.provenance.model_copy(update={"note": prev.provenance.note + note})
-write_profile(fresh.model_copy(update={"provenance": prov}), Path(out))
-PY
-done
+bash calibration/validation/h200-deepseek/rederive.sh 603fba3 "$note"
 rm -rf "$T"
