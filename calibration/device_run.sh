@@ -31,7 +31,8 @@
 # attention, experts and decode timed the calibration's way and back to back for 45 s or
 # 12 s, the GPU's clocks sampled: calibration/sustained.py, $SUSTAINED_LONG / $SUSTAINED_SHORT,
 # the long run's windows $SUSTAINED_WINDOW seconds),
-# sustainedduty (the prefill layer busy 25 / 50 / 75 % of the time, $SUSTAINED_DUTIES, in bursts
+# sustainedmodels (the 8K-token prefill layer of each of $SUSTAINED_MODELS back to back, default V3
+# and V4.1-Flash), sustainedduty (the prefill layer busy 25 / 50 / 75 % of the time, $SUSTAINED_DUTIES, in bursts
 # of $SUSTAINED_GROUP calls, $SUSTAINED_DUTY_S seconds each),
 # launchgap (graphed decode, routed-expert and small prefill calls timed one replay after a sync,
 # as the calibration does, and back to back: calibration/launch_gap.py, $LAUNCH_GAP_MODELS), layerkernels (the kernels of one
@@ -157,6 +158,11 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
       run 200 sustained $P.calibration.sustained --model deepseek-v3 --seconds 12 \
         --workloads "${SUSTAINED_SHORT:-prefill:8192,experts:9x8192,decode:128x4096,layer:2048}" \
         --out "$OUT/sustained.json" ;;
+    sustainedmodels) for m in ${SUSTAINED_MODELS:-deepseek-v3 deepseek-v4.1-flash}; do  # does the
+        # slowdown depend on the model's layer (its power draw), back to back on one GPU
+        run 120 "sustained $m" $P.calibration.sustained --model "$m" --window 0.1 \
+          --workloads layer:8192 --seconds "${SUSTAINED_LONG_S:-30}" \
+          --out "$OUT/sustained_${m//@/_}.json"; done ;;
     sustainedduty) for d in ${SUSTAINED_DUTIES:-0.25 0.5 0.75}; do  # the slowdown at partial load
         run 120 "sustained duty $d" $P.calibration.sustained --model deepseek-v3 \
           --seconds "${SUSTAINED_DUTY_S:-12}" \
