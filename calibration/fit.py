@@ -238,7 +238,7 @@ def fit_prefill(
         e=e,
         f=f,
         g=g,
-        wave_tile=chosen.wave_tile if chosen.wave_tiles > 0 else 1,
+        wave_tile=chosen.wave_tile,
         wave_tiles=chosen.wave_tiles,
     )
     return coef, score(lambda Xq: prefill_model(coef, Xq), X, t, X_off, t_off)

@@ -42,6 +42,7 @@ coefficient terms default to zero / no tiling / k = 1, which is exactly the vers
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -105,10 +106,13 @@ def wave_rows(n: Any, tile: int, tiles: float) -> Any:
     run in tiles of ``tile``, ``tiles`` tiles at once (one per SM), and every tile reads the
     whole prefix, so a chunk costs whole waves of ``tile · tiles`` rows (``tiles`` 0: n as it
     is). A TP8 slice of V3 on an H200 (16 heads, 132 SMs) runs 8.25 tiles of 128 rows per wave:
-    a 1,024-token chunk fills one wave, 1,100 tokens take two."""
+    a 1,024-token chunk fills one wave, 1,100 tokens take two. A number in, a float out (the
+    simulator's per-chunk path, without numpy's scalar dispatch); an array in, an array out."""
     if tiles <= 0:
         return n
-    return tile * tiles * np.ceil(np.ceil(np.asarray(n, dtype=float) / tile) / tiles)
+    if not isinstance(n, np.ndarray):
+        return tile * tiles * math.ceil(math.ceil(n / tile) / tiles)
+    return tile * tiles * np.ceil(np.ceil(n.astype(float) / tile) / tiles)
 
 
 def gemm_cost(tokens: np.ndarray, b: float, tile: int, steps: np.ndarray) -> np.ndarray:

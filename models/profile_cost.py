@@ -366,7 +366,7 @@ def _dense_sum(sums: DenseSums, chunks: Sequence[Chunk], per_seq: float) -> floa
         if p:
             t += F + G * n
             for cw, tile, tiles in waves:
-                t += cw * p * float(wave_rows(n, tile, tiles))
+                t += cw * p * wave_rows(n, tile, tiles)
     return t
 
 

@@ -41,7 +41,7 @@ from .._util import as_device, decided_once, default_dtype, generator, randn, rm
 from ..block import LayerBlock
 from ..cache import SlotBook
 from ..shapes import LayerShape
-from ..triton_merge import merge_reference
+from ..triton_merge import merge_reference, merge_states
 from . import flashmla
 from .fp8 import FP8Linear, quantize_rows, residual_and_shared_expert, used
 from .plan import DevicePlan
@@ -319,8 +319,6 @@ def _split_attention(
         return o_new[0].transpose(0, 1)
     o_pre, l_pre = kernel(qh, _heads_first(k[:p]), _heads_first(v[:p]), scale, False)
     if triton_merge_ok(q.device):
-        from ..triton_merge import merge_states
-
         used.add("triton_merge")
         return merge_states(o_new, l_new, o_pre, l_pre)
     return merge_reference(o_new, l_new, o_pre, l_pre)
@@ -339,8 +337,6 @@ def triton_merge_ok(device: torch.device) -> bool:
 
 
 def _merge_agrees(device: torch.device) -> bool:
-    from ..triton_merge import merge_states
-
     g = torch.Generator(device=device).manual_seed(13)
     o_new, o_pre = (
         torch.randn((1, 8, 300, 128), generator=g, device=device).to(torch.bfloat16)
