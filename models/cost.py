@@ -312,8 +312,10 @@ class StepCost(ABC):
         return experts, self.a2a_s(max(sent_max / self.shape.tp, received), phase)
 
     def _received(self, sent_sum: float, imbalance: float) -> float:
-        """Tokens the hottest expert group receives when the ranks send ``sent_sum`` in all."""
-        return imbalance * sent_sum / self.shape.expert_groups
+        """Tokens the hottest expert group receives when the ranks send ``sent_sum`` in all: the
+        expert imbalance (slowest group / mean) is 1 where one group holds every expert."""
+        groups = self.shape.expert_groups
+        return (imbalance if groups > 1 else 1.0) * sent_sum / groups
 
     def _permute_s(self, sent_sum: float, imbalance: float, phase: Phase) -> float:
         """The engine's permutes around a normal-mode exchange (none without an exchange)."""

@@ -479,7 +479,7 @@ def decode_step_compiled(
     if not (sent_max <= 0 or tp_width == 1):
         dense += tp_layers * (tp_alpha + tp_beta * sent_max)
     replicated, groups = experts
-    received = imbalance * pairwise_sum(tokens, block) / groups
+    received = (imbalance if groups > 1 else 1.0) * pairwise_sum(tokens, block) / groups
     a, e, f, tile, k, top_k, n_experts, host, moe_layers = moe
     routed = 0.0
     if received > 0:

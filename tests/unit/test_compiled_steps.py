@@ -211,6 +211,7 @@ def test_advance_compiled_is_the_reference() -> None:
         [],  # V4.1-Flash: two attention kinds, GEMM staircases
         ["model=deepseek-v3", "pools.decode.tp=8", "pools.decode.ep=8"],  # tiled verify, linear
         ["model=deepseek-v3", "pools.decode.tp=4", "pools.decode.ep=16"],
+        ["model=deepseek-v3", "pools.decode.tp=8", "pools.decode.ep=8", "pools.decode.moe_tp=8"],
         ["pools.decode.two_batch_overlap=true"],
     ],
 )

@@ -66,7 +66,10 @@ def test_cases_within_tolerance_as_measured(results) -> None:
     outside is a regression to look at, not a number to re-tune. Those two changes moved SGLang's
     three prefills, DeepSeek's production day average, CloudMatrix384's default-EPLB prefill and
     SGLang's two-batch-overlap speed-up outside, and the balanced experts DeepSeek's profiled
-    prefill (1.11 -> 1.15); docs/validation.md says why.
+    prefill (1.11 -> 1.15); docs/validation.md says why. On 2026-12-07 (ninth session) a pool
+    whose experts are tensor parallel over all its GPUs (one expert group) stopped paying the
+    constant expert imbalance, a slowest-group / mean ratio that one group does not have:
+    GPUStack's SGLang prefill with experts TP8 went out (1.112 -> 1.159).
 
     dstack and GPUStack publish vLLM TP8 TPOTs of R1 on the H200 at concurrency 4 33 % apart
     (25.7 and 19.4 ms): no model holds both within ±15 %. Until call 34 the prediction sat
@@ -88,11 +91,10 @@ def test_cases_within_tolerance_as_measured(results) -> None:
         (cm, "prefill, 4K prompts, 16,384 tokens per NPU, EP32 (16 NPUs), perfect EPLB"),
         (gpustack, "vLLM TP8 decode TPOT at concurrency 4, ShareGPT"),
         (gpustack, "vLLM TP8 prefill of 32K prompts in 8K chunks"),
-        (gpustack, "SGLang DP8 attention (experts TP8) prefill of 32K prompts in 8K chunks"),
     ]
     for case in expected:
         assert case in within, case
-    assert len(within) >= len(expected) == 9
+    assert len(within) >= len(expected) == 8
     tpot = {
         r.file: r
         for r in results

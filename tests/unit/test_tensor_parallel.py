@@ -90,6 +90,20 @@ def test_one_rank_over_all_gpus_needs_no_all_to_all_and_shows_its_all_reduces() 
     )
 
 
+def test_one_expert_group_has_no_expert_imbalance() -> None:
+    """The expert imbalance is the slowest expert group's load over the mean: where every GPU
+    holds a slice of every expert (experts tensor parallel over the pool, one group) all do the
+    same work, so a stated constant imbalance does not stretch their step; over two groups it
+    does."""
+    batch, kv = np.array([48.0]), np.array([48 * 4096.0])
+    one = roofline(V3, PoolShape(ep=8, redundant_experts_per_gpu=0, tp=8, moe_tp=8))
+    assert one.shape.expert_groups == 1
+    assert one.decode_step(batch, kv, 1.0, 1.09) == one.decode_step(batch, kv, 1.0, 1.0)
+    assert one.prefill_step([[(4096, 0)]], 1.074) == one.prefill_step([[(4096, 0)]], 1.0)
+    two = roofline(V3, PoolShape(ep=8, redundant_experts_per_gpu=0, tp=8, moe_tp=4))
+    assert two.decode_step(batch, kv, 1.0, 1.09) > two.decode_step(batch, kv, 1.0, 1.0)
+
+
 def test_tensor_parallelism_buys_per_user_speed_at_small_batches() -> None:
     """At one sequence, eight GPUs of one rank read an eighth of the dense weights each: a
     step shorter than on one GPU of a DP-attention pool, which reads them all (both pay the
