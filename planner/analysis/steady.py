@@ -11,9 +11,11 @@ closed-form evaluations, so a curve of them (``deepinfer-sim cost``,
 :func:`decode_at_user_speed`'s bisection) costs milliseconds.
 
 What the point leaves out, against a cluster run: queueing, ragged batches and contexts, the
-scheduler's choices (dspark's per-sequence verify lengths), and live expert imbalance — the
-step uses the scenario's constant ``policies.expert_imbalance`` factor for the pool even when
-``policies.eplb.imbalance`` is ``live``.
+scheduler's choices (dspark's per-sequence verify lengths), and EPLB's rebalancing — under
+``policies.eplb.imbalance: live`` with the pool's experts where EP puts them (policy ``static``)
+a point is costed with the expert-load model's mean imbalance at its load
+(:func:`.eplb_analysis.static_imbalance`, a thousand steps drawn, ~0.1 s, remembered); otherwise,
+EPLB included, with the scenario's constant ``policies.expert_imbalance`` for the pool.
 
 Default speculative numbers follow the simulator (``sim/policies/speculative.py``, whose verify
 policy gives v and the per-step overhead): a sequence computes 1 + v tokens a step (v drafts
@@ -141,6 +143,34 @@ def _pool_cost(sc: Scenario, pool: PoolName) -> tuple[StepCost, ModelSpec, Hardw
     return cost, model, hw, ref
 
 
+def _pool_imbalance(
+    sc: Scenario,
+    pool: PoolName,
+    cost: StepCost,
+    hw: HardwareSpec,
+    load: tuple[float, float],
+    step_s: float,
+) -> float:
+    """The expert imbalance a point of ``pool`` is costed with, its group routing ``load`` =
+    (requests, tokens each) a step of about ``step_s``: the load model's mean where the
+    imbalance is live and the experts stay where EP puts them (a static placement has no
+    rebalances to wait out, so a steady point can draw it); else the scenario's constant (one
+    expert group has none: the cost model takes it as 1)."""
+    if not _draws_imbalance(sc, pool, cost):
+        return getattr(sc.policies.expert_imbalance, pool)
+    from .eplb_analysis import static_imbalance  # it imports the offline analyses
+
+    groups, redundant = cost.shape.expert_groups, int(cost.shape.redundant_experts_per_gpu)
+    return static_imbalance(sc, pool, hw.name, groups, redundant, *load, step_s)
+
+
+def _draws_imbalance(sc: Scenario, pool: PoolName, cost: StepCost) -> bool:
+    """Does a point of ``pool`` draw its imbalance (:func:`_pool_imbalance`)?"""
+    eplb = sc.policies.eplb
+    policy = eplb.prefill if pool == "prefill" else eplb.decode
+    return eplb.imbalance == "live" and policy.policy == "static" and cost.shape.expert_groups > 1
+
+
 # ---- speculative defaults --------------------------------------------------------------------
 
 
@@ -196,6 +226,10 @@ def _decode(
     per_rank = float(batch) * tp  # a tensor-parallel rank's GPUs share its sequences
     batches, kv = np.full(dp, per_rank), np.full(dp, per_rank * context)
     bd: StepBreakdown = cost.decode_breakdown(batches, kv, verify, imbalance)
+    drawn = _pool_imbalance(sc, "decode", cost, hw, (per_rank * dp, verify), bd.step_s)
+    if drawn != imbalance:
+        imbalance = drawn
+        bd = cost.decode_breakdown(batches, kv, verify, imbalance)
     breakdown = bd.as_dict()
     # the simulator adds the policy's overhead (dspark's confidence head and scheduling time)
     # and the drafter's passes to every decode step
@@ -378,6 +412,11 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
     imbalance = sc.policies.expert_imbalance.prefill
     chunks = prefill_chunks(per_rank, prompt, cached)
     bd = cost.prefill_breakdown([chunks] * dp, imbalance, cost.sustained_slowdown)
+    load = (len(chunks) * dp, per_rank / len(chunks))
+    drawn = _pool_imbalance(sc, "prefill", cost, hw, load, bd.step_s)
+    if drawn != imbalance:
+        imbalance = drawn
+        bd = cost.prefill_breakdown([chunks] * dp, imbalance, cost.sustained_slowdown)
     rate = tokens_per_gpu / bd.step_s
     return _prefill_steady(
         (cost, model, hw, name), imbalance, bd, bd.step_s, tokens_per_gpu, rate, prompt, cached
@@ -427,6 +466,10 @@ def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
     _check_prefill_fits(sc, model, hw)
     ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
     imbalance = sc.policies.expert_imbalance.prefill
+    if _draws_imbalance(sc, "prefill", cost):
+        n = min(chunk, prompt)
+        first = cost.prefill_breakdown([[(n, 0)]] * dp, imbalance).step_s
+        imbalance = _pool_imbalance(sc, "prefill", cost, hw, (dp, n), first)
     total, done, steps = 0.0, 0, 0
     bd: StepBreakdown | None = None
     while done < prompt:

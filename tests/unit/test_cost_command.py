@@ -162,6 +162,33 @@ def test_prefill_point_on_the_default_scenario(sc):
     assert "batch_per_gpu" not in p.as_dict() and "tokens_per_gpu" in p.as_dict()
 
 
+def test_a_static_placement_draws_its_imbalance_at_each_point(sc):
+    """Under a live imbalance with the experts where EP puts them, a steady point is costed
+    with the expert-load model's mean imbalance at its own load (no rebalances to wait out):
+    larger than EPLB's constant, falling as the batch grows, the same on every ask, and the
+    step longer for it. Under EPLB, or a constant imbalance, the point keeps the constant."""
+    static = load_scenario(
+        "default", ["policies.eplb.decode.policy=static", "policies.eplb.prefill.policy=static"]
+    )
+    constant = load_scenario(
+        "default",
+        [
+            "policies.eplb.imbalance=constant",
+            "policies.eplb.decode.policy=static",
+            "policies.eplb.prefill.policy=static",
+        ],
+    )
+    small, large = decode_point(static, 4, 8192), decode_point(static, 64, 8192)
+    assert small.imbalance > large.imbalance > sc.policies.expert_imbalance.decode
+    assert decode_point(static, 4, 8192).imbalance == small.imbalance
+    assert decode_point(sc, 4, 8192).imbalance == sc.policies.expert_imbalance.decode
+    assert decode_point(constant, 4, 8192).imbalance == sc.policies.expert_imbalance.decode
+    assert small.step_s > decode_point(constant, 4, 8192).step_s
+    p = prefill_point(static, 16384, 4096)
+    assert p.imbalance > sc.policies.expert_imbalance.prefill
+    assert p.step_s > prefill_point(constant, 16384, 4096).step_s
+
+
 def test_default_verify_follows_the_speculative_policy():
     def verify(policy: str, *extra: str) -> float:
         return default_verify(
