@@ -49,7 +49,7 @@ class StepStream:
 
 
 def steady_stream(
-    steps: int, step_s: float, requests: int, tokens_per_request: float, sets: int = 1
+    steps: int, step_s: float, requests: float, tokens_per_request: float, sets: int = 1
 ) -> StepStream:
     """Every step runs ``requests`` requests (decode sequences or prefill chunks) of
     ``tokens_per_request`` routed tokens each, through the first layer set."""
