@@ -33,6 +33,7 @@ ones were, draft j survives with probability α^j·decay^(j(j−1)/2), so
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -149,26 +150,23 @@ def _pool_imbalance(
     cost: StepCost,
     hw: HardwareSpec,
     load: tuple[float, float],
-    step_s: float,
+    step_at: Callable[[float], float],
 ) -> float:
     """The expert imbalance a point of ``pool`` is costed with, its group routing ``load`` =
-    (requests, tokens each) a step of about ``step_s``: the load model's mean where the
-    imbalance is live and the experts stay where EP puts them (a static placement has no
-    rebalances to wait out, so a steady point can draw it); else the scenario's constant (one
-    expert group has none: the cost model takes it as 1)."""
-    if not _draws_imbalance(sc, pool, cost):
-        return getattr(sc.policies.expert_imbalance, pool)
-    from .eplb_analysis import static_imbalance  # it imports the offline analyses
-
-    groups, redundant = cost.shape.expert_groups, int(cost.shape.redundant_experts_per_gpu)
-    return static_imbalance(sc, pool, hw.name, groups, redundant, *load, step_s)
-
-
-def _draws_imbalance(sc: Scenario, pool: PoolName, cost: StepCost) -> bool:
-    """Does a point of ``pool`` draw its imbalance (:func:`_pool_imbalance`)?"""
+    (requests, tokens each) a step (``step_at``: the point's step time at an imbalance): the
+    load model's mean where the imbalance is live and the experts stay where EP puts them (a
+    static placement has no rebalances to wait out, so a steady point can draw it); else the
+    scenario's constant (one expert group has none: the cost model takes it as 1)."""
+    constant: float = getattr(sc.policies.expert_imbalance, pool)
     eplb = sc.policies.eplb
     policy = eplb.prefill if pool == "prefill" else eplb.decode
-    return eplb.imbalance == "live" and policy.policy == "static" and cost.shape.expert_groups > 1
+    groups = cost.shape.expert_groups
+    if eplb.imbalance != "live" or policy.policy != "static" or groups == 1:
+        return constant
+    from .eplb_analysis import static_imbalance  # it imports the offline analyses
+
+    redundant = int(cost.shape.redundant_experts_per_gpu)
+    return static_imbalance(sc, pool, hw.name, groups, redundant, *load, step_at(constant))
 
 
 # ---- speculative defaults --------------------------------------------------------------------
@@ -222,14 +220,17 @@ def _decode(
 ) -> SteadyPoint:
     cost, model, hw, name = parts
     ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
-    imbalance = sc.policies.expert_imbalance.decode
     per_rank = float(batch) * tp  # a tensor-parallel rank's GPUs share its sequences
     batches, kv = np.full(dp, per_rank), np.full(dp, per_rank * context)
+    imbalance = _pool_imbalance(
+        sc,
+        "decode",
+        cost,
+        hw,
+        (per_rank * dp, verify),
+        lambda imb: cost.decode_breakdown(batches, kv, verify, imb).step_s,
+    )
     bd: StepBreakdown = cost.decode_breakdown(batches, kv, verify, imbalance)
-    drawn = _pool_imbalance(sc, "decode", cost, hw, (per_rank * dp, verify), bd.step_s)
-    if drawn != imbalance:
-        imbalance = drawn
-        bd = cost.decode_breakdown(batches, kv, verify, imbalance)
     breakdown = bd.as_dict()
     # the simulator adds the policy's overhead (dspark's confidence head and scheduling time)
     # and the drafter's passes to every decode step
@@ -409,14 +410,14 @@ def prefill_point(sc: Scenario, tokens_per_gpu: int, prompt: int, cached: int = 
             "one step"
         )
     _check_prefill_fits(sc, model, hw)
-    imbalance = sc.policies.expert_imbalance.prefill
     chunks = prefill_chunks(per_rank, prompt, cached)
-    bd = cost.prefill_breakdown([chunks] * dp, imbalance, cost.sustained_slowdown)
+
+    def step_at(imb: float) -> float:
+        return cost.prefill_breakdown([chunks] * dp, imb, cost.sustained_slowdown).step_s
+
     load = (len(chunks) * dp, per_rank / len(chunks))
-    drawn = _pool_imbalance(sc, "prefill", cost, hw, load, bd.step_s)
-    if drawn != imbalance:
-        imbalance = drawn
-        bd = cost.prefill_breakdown([chunks] * dp, imbalance, cost.sustained_slowdown)
+    imbalance = _pool_imbalance(sc, "prefill", cost, hw, load, step_at)
+    bd = cost.prefill_breakdown([chunks] * dp, imbalance, cost.sustained_slowdown)
     rate = tokens_per_gpu / bd.step_s
     return _prefill_steady(
         (cost, model, hw, name), imbalance, bd, bd.step_s, tokens_per_gpu, rate, prompt, cached
@@ -465,11 +466,15 @@ def chunked_prompt_point(sc: Scenario, prompt: int, chunk: int) -> SteadyPoint:
     cost, model, hw, name = _pool_cost(sc, "prefill")
     _check_prefill_fits(sc, model, hw)
     ep, dp, tp = cost.shape.ep, cost.shape.dp, cost.shape.tp
-    imbalance = sc.policies.expert_imbalance.prefill
-    if _draws_imbalance(sc, "prefill", cost):
-        n = min(chunk, prompt)
-        first = cost.prefill_breakdown([[(n, 0)]] * dp, imbalance).step_s
-        imbalance = _pool_imbalance(sc, "prefill", cost, hw, (dp, n), first)
+    first = min(chunk, prompt)
+    imbalance = _pool_imbalance(
+        sc,
+        "prefill",
+        cost,
+        hw,
+        (dp, first),
+        lambda imb: cost.prefill_breakdown([[(first, 0)]] * dp, imb).step_s,
+    )
     total, done, steps = 0.0, 0, 0
     bd: StepBreakdown | None = None
     while done < prompt:
