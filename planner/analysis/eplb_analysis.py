@@ -96,9 +96,10 @@ def analyze(
     }
 
 
-STATIC_STEPS = 1000  # a static placement's factor has no rebalances to drift between: its mean
-# over 10^2 to 10^3 steps agrees to 10^-3 (2026-12-07: EP4 at one sequence 1.493, EP72 at 256
-# per GPU 2.103, EP8 at 128 per GPU 1.157, for 100 to 3,000 steps)
+# A static placement's factor has no rebalances to drift between: its mean over 10^2 to 10^3
+# steps agrees to 10^-3 (2026-12-07, 100 to 3,000 steps: EP4 with one sequence of 3.82 tokens
+# 1.493, EP72 at 256 per GPU 2.103, EP8 at 128 per GPU 1.157).
+STATIC_STEPS = 1000
 _STATIC_MEANS: dict[tuple[Any, ...], float] = {}
 
 
