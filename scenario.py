@@ -522,6 +522,11 @@ class Eplb(FrozenModel):
                 out[pool] = {**default, **given}
         return out
 
+    def for_pool(self, pool: str) -> EplbPool:
+        """The balancing of ``pool``'s steps: prefill's for prefill, decode's for any other (an
+        aggregated instance rebalances on the decode pool's schedule)."""
+        return self.prefill if pool == "prefill" else self.decode
+
 
 class Tiers(FrozenModel):
     """Prefill length tiers (by total context) and how often instances are re-assigned."""

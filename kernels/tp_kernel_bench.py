@@ -150,21 +150,13 @@ def time_combine(case: dict[str, Any]) -> dict[str, Any]:
 def time_merge(case: dict[str, Any]) -> dict[str, Any]:
     """The reference merge and the Triton merge on one shape (GPU only), the outputs in
     cuDNN's head-major layout."""
-    import torch
+    from .triton_merge import merge_reference, merge_states, random_states
 
-    from .triton_merge import merge_reference, merge_states
-
-    h, n, dv = case["heads"], case["tokens"], case["d_v"]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    o_new, o_pre = (
-        torch.randn((1, h, n, dv), device="cuda", generator=gen).to(torch.bfloat16)
-        for _ in range(2)
-    )
-    l_new, l_pre = (4 * torch.randn((1, h, n), device="cuda", generator=gen) for _ in range(2))
-    ref = merge_reference(o_new, l_new, o_pre, l_pre).float()
+    states = random_states(case["heads"], case["tokens"], case["d_v"], "cuda", seed=0)
+    ref = merge_reference(*states).float()
     kernels = (
-        ("reference", lambda: merge_reference(o_new, l_new, o_pre, l_pre)),
-        ("triton", lambda: merge_states(o_new, l_new, o_pre, l_pre)),
+        ("reference", lambda: merge_reference(*states)),
+        ("triton", lambda: merge_states(*states)),
     )
     return _time_kernels(dict(case), kernels, ref)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["merge_reference", "merge_states"]
+__all__ = ["merge_reference", "merge_states", "random_states"]
 
 
 def merge_reference(
@@ -36,6 +36,21 @@ def merge_reference(
         w_new + w_pre
     ).unsqueeze(-1)
     return out[0].transpose(0, 1).to(o_new.dtype)
+
+
+def random_states(
+    heads: int, n: int, d_v: int, device: torch.device | str, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded merge inputs: two bf16 partial outputs ``[1, heads, n, d_v]`` and two float32
+    log-sum-exps ``[1, heads, n]`` a few nats apart (``o_new, l_new, o_pre, l_pre``), what the
+    kernel is checked and timed on."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    o_new, o_pre = (
+        torch.randn((1, heads, n, d_v), generator=g, device=device).to(torch.bfloat16)
+        for _ in range(2)
+    )
+    l_new, l_pre = (4 * torch.randn((1, heads, n), generator=g, device=device) for _ in range(2))
+    return o_new, l_new, o_pre, l_pre
 
 
 @functools.cache

@@ -313,7 +313,7 @@ def _common_notes(sc: Scenario, model: ModelSpec, shapes: list[PoolShape], notes
                 f"{agg.step_time_budget_s:g}): the engines cap a step by tokens only"
             )
         if s.eplb.policy == "eplb":
-            eplb = sc.policies.eplb.prefill if s.role == "prefill" else sc.policies.eplb.decode
+            eplb = sc.policies.eplb.for_pool(s.role)
             if eplb.warm_start or eplb.minimize_moves:
                 notes.add(
                     f"policies.eplb.{'prefill' if s.role == 'prefill' else 'decode'}: "

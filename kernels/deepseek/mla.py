@@ -41,7 +41,7 @@ from .._util import as_device, decided_once, default_dtype, generator, randn, rm
 from ..block import LayerBlock
 from ..cache import SlotBook
 from ..shapes import LayerShape
-from ..triton_merge import merge_reference, merge_states
+from ..triton_merge import merge_reference, merge_states, random_states
 from . import flashmla
 from .fp8 import FP8Linear, quantize_rows, residual_and_shared_expert, used
 from .plan import DevicePlan
@@ -337,17 +337,12 @@ def triton_merge_ok(device: torch.device) -> bool:
 
 
 def _merge_agrees(device: torch.device) -> bool:
-    g = torch.Generator(device=device).manual_seed(13)
-    o_new, o_pre = (
-        torch.randn((1, 8, 300, 128), generator=g, device=device).to(torch.bfloat16)
-        for _ in range(2)
-    )
-    l_new, l_pre = (4 * torch.randn((1, 8, 300), generator=g, device=device) for _ in range(2))
+    states = random_states(8, 300, 128, device, seed=13)
     try:
-        got = merge_states(o_new, l_new, o_pre, l_pre).float()
+        got = merge_states(*states).float()
     except Exception:  # no Triton, or no kernel for this GPU: the reference's
         return False
-    want = merge_reference(o_new, l_new, o_pre, l_pre).float()
+    want = merge_reference(*states).float()
     return bool((got - want).norm() <= 1e-2 * want.norm())
 
 

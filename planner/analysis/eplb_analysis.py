@@ -119,7 +119,7 @@ def static_imbalance(
     scenario whose imbalance is ``live`` and whose pool places its experts ``static`` is costed
     with. Remembered per question (a curve asks many times)."""
     load = sc.policies.eplb.load
-    policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
+    policy = sc.policies.eplb.for_pool(pool)
     key = (
         sc.model,
         sc.seed,
@@ -134,13 +134,31 @@ def static_imbalance(
         step_s,
     )
     if key not in _STATIC_MEANS:
-        model = load_model(sc.model)
-        sets = int(pool_layer_sets(model, pool).max()) + 1
-        shape = group_shape(model, load_hardware(hardware), pool, groups, redundant)
-        s = steady_stream(STATIC_STEPS, step_s, requests, tokens, sets)
+        shape, s = _group_and_stream(
+            sc, pool, hardware, groups, redundant, requests, tokens, STATIC_STEPS, step_s
+        )
         static = policy.model_copy(update={"policy": "static"})
         _STATIC_MEANS[key] = analyze(sc, load, static, shape, [s])["imbalance"]["mean"]
     return _STATIC_MEANS[key]
+
+
+def _group_and_stream(
+    sc: Scenario,
+    pool: Pool,
+    hardware: str,
+    groups: int,
+    redundant: int,
+    requests: float,
+    tokens: float,
+    steps: int,
+    step_s: float,
+) -> tuple[GroupShape, StepStream]:
+    """One EP group of ``groups`` ranks of the scenario's model on ``hardware`` and ``steps``
+    steady steps of ``requests`` requests of ``tokens`` routed tokens each, in all."""
+    model = load_model(sc.model)
+    sets = int(pool_layer_sets(model, pool).max()) + 1
+    shape = group_shape(model, load_hardware(hardware), pool, groups, redundant)
+    return shape, steady_stream(steps, step_s, requests, tokens, sets)
 
 
 def benchmark_step_s(
@@ -195,16 +213,15 @@ def benchmark_point(
     """EPLB (the scenario's policy for the pool) and static placement side by side at a steady
     operating point: every rank runs ``requests_per_rank`` requests of ``tokens_per_request``
     routed tokens per step, for ``steps`` steps (default three re-assignment periods)."""
-    policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
+    policy = sc.policies.eplb.for_pool(pool)
     load = load or sc.policies.eplb.load
     steps = steps or 3 * policy.period_steps
     if step_s is None:
         step_s = benchmark_step_s(sc, pool, ep, redundant, requests_per_rank, tokens_per_request)
-    model = load_model(sc.model)
-    hw = load_hardware((sc.pools.prefill if pool == "prefill" else sc.pools.decode).hardware)
-    sets = int(pool_layer_sets(model, pool).max()) + 1
-    s = steady_stream(steps, step_s, requests_per_rank * ep, tokens_per_request, sets)
-    shape = group_shape(model, hw, pool, ep, redundant)
+    hardware = (sc.pools.prefill if pool == "prefill" else sc.pools.decode).hardware
+    shape, s = _group_and_stream(
+        sc, pool, hardware, ep, redundant, requests_per_rank * ep, tokens_per_request, steps, step_s
+    )
     static = policy.model_copy(update={"policy": "static"})
     return {
         "pool": pool,

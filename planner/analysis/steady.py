@@ -159,9 +159,8 @@ def _pool_imbalance(
     scenario's constant (one expert group has none: the cost model takes it as 1)."""
     constant: float = getattr(sc.policies.expert_imbalance, pool)
     eplb = sc.policies.eplb
-    policy = eplb.prefill if pool == "prefill" else eplb.decode
     groups = cost.shape.expert_groups
-    if eplb.imbalance != "live" or policy.policy != "static" or groups == 1:
+    if eplb.imbalance != "live" or eplb.for_pool(pool).policy != "static" or groups == 1:
         return constant
     from .eplb_analysis import static_imbalance  # it imports the offline analyses
 

@@ -173,7 +173,7 @@ def make_group_experts(
     if load is None:
         return None
     cfg = pool_config(sc, pool)
-    policy = sc.policies.eplb.prefill if pool == "prefill" else sc.policies.eplb.decode
+    policy = sc.policies.eplb.for_pool(pool)
     layer_sets: Pool = "decode" if pool == "decode" else "prefill"
     slots = cfg.redundant_per_gpu
     if slots != int(slots):

@@ -13,7 +13,7 @@ from deepinfer_sim.kernels.deepseek import mla
 from deepinfer_sim.kernels.moe import MoEBlock
 from deepinfer_sim.kernels.shapes import LayerShape
 from deepinfer_sim.kernels.triton_combine import combine_reference, sorted_positions
-from deepinfer_sim.kernels.triton_merge import merge_reference, merge_states
+from deepinfer_sim.kernels.triton_merge import merge_reference, merge_states, random_states
 
 
 def _math_kernel(q, k, v, scale, causal):
@@ -88,6 +88,18 @@ def test_the_gpu_kernels_are_declined_where_they_cannot_run(monkeypatch):
     assert mla.triton_merge_ok(gpu)
     monkeypatch.setenv("DEEPINFER_MERGE", "torch")  # the reference, to time the kernel against
     assert not mla.triton_merge_ok(gpu)
+
+
+def test_the_merge_inputs_are_seeded_bf16_rows_and_float32_lses():
+    """What the merge is checked on at first use and timed on: the same seed, the same inputs;
+    the reference merges them into the block's [n, H, d_v] layout."""
+    o_new, l_new, o_pre, l_pre = random_states(4, 10, 16, "cpu", seed=13)
+    assert o_new.shape == o_pre.shape == (1, 4, 10, 16) and o_new.dtype == torch.bfloat16
+    assert l_new.shape == l_pre.shape == (1, 4, 10) and l_new.dtype == torch.float32
+    again = random_states(4, 10, 16, "cpu", seed=13)
+    assert all(torch.equal(a, b) for a, b in zip(again, (o_new, l_new, o_pre, l_pre), strict=True))
+    assert not torch.equal(random_states(4, 10, 16, "cpu", seed=14)[0], o_new)
+    assert merge_reference(o_new, l_new, o_pre, l_pre).shape == (10, 4, 16)
 
 
 def test_the_merge_kernel_refuses_outputs_that_do_not_agree():
