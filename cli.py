@@ -268,7 +268,11 @@ def show(config: str, overrides: tuple[str, ...]) -> None:
 @click.option(
     "--pool", type=click.Choice(["prefill", "decode"]), default="decode", show_default=True
 )
-@click.option("--ep", type=click.IntRange(1, 1024), help="EP width (default: the pool's).")
+@click.option(
+    "--ep",
+    type=click.IntRange(1, 1024),
+    help="GPUs of the EP group (default: the pool's); its experts spread over ep / moe_tp groups.",
+)
 @click.option(
     "--redundant", type=click.IntRange(0, 64), help="Redundant experts per GPU (default: pool's)."
 )
@@ -315,6 +319,12 @@ def eplb(
     which: Pool = "prefill" if pool == "prefill" else "decode"
     cfg = sc.pools.prefill if which == "prefill" else sc.pools.decode
     ep = ep or cfg.ep
+    for name in ("tp", "moe_tp"):
+        if ep % getattr(cfg, name):
+            raise click.BadParameter(
+                f"{ep} GPUs do not divide by the {pool} pool's {name} ({getattr(cfg, name)})",
+                param_hint="--ep",
+            )
     redundant = cfg.redundant_experts_per_gpu if redundant is None else redundant
     requests, tokens = operating_point(sc, which, ep, requests_per_rank, tokens_per_request)
     res = benchmark_point(sc, which, ep, redundant, requests, tokens, steps, step_s)
@@ -323,11 +333,18 @@ def eplb(
         write_text(json_file, json.dumps(res, indent=1) + "\n", "--json")
 
 
+def _groups_note(res: dict[str, Any]) -> str:
+    """' (N expert groups)' where the experts are tensor parallel, so groups differ from GPUs."""
+    groups = res["expert_groups"]
+    return "" if groups == res["ep"] else f" ({groups} expert group{'s' * (groups != 1)})"
+
+
 def _print_eplb(res: dict[str, Any]) -> None:
     from rich.table import Table
 
     t = Table(
-        title=f"{res['pool']} EP{res['ep']}, {res['redundant_experts_per_gpu']} redundant/GPU, "
+        title=f"{res['pool']} EP{res['ep']}{_groups_note(res)}, "
+        f"{res['redundant_experts_per_gpu']} redundant/GPU, "
         f"EPLB window {res['eplb']['window_steps']} / period {res['eplb']['period_steps']} steps"
         f"\n{res['requests_per_rank']} requests × {res['tokens_per_request']:,.4g} tokens per "
         f"rank per step, {res['step_s'] * 1e3:,.1f} ms steps",

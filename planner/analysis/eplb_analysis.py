@@ -164,14 +164,16 @@ def _group_and_stream(
 def benchmark_step_s(
     sc: Scenario, pool: Pool, ep: int, redundant: int, requests: int, tokens: float
 ) -> float:
-    """The cost model's time for one benchmark step: ``requests`` per rank of ``tokens`` each
-    (prefill: new prompts; decode: sequences at the benchmark's context verifying ``tokens``)."""
+    """The cost model's time for one benchmark step: ``requests`` per data-parallel rank of
+    ``tokens`` each (prefill: new prompts; decode: sequences at the benchmark's context verifying
+    ``tokens``)."""
     model = load_model(sc.model)
     cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
     cost = make_step_cost(sc, pool, model, load_hardware(cfg.hardware), ep, redundant)
+    ranks = cost.shape.dp
     if pool == "prefill":
-        return cost.prefill_step([[(int(tokens), 0)] * requests] * ep)
-    batch = np.full(ep, float(requests))
+        return cost.prefill_step([[(int(tokens), 0)] * requests] * ranks)
+    batch = np.full(ranks, float(requests))
     context = sc.policies.eplb.benchmark.decode_context_tokens
     return cost.decode_step(batch, batch * context, tokens)
 
@@ -211,21 +213,26 @@ def benchmark_point(
     load: ExpertLoad | None = None,
 ) -> dict[str, Any]:
     """EPLB (the scenario's policy for the pool) and static placement side by side at a steady
-    operating point: every rank runs ``requests_per_rank`` requests of ``tokens_per_request``
-    routed tokens per step, for ``steps`` steps (default three re-assignment periods)."""
+    operating point of the pool at ``ep`` GPUs: every data-parallel rank (``ep / tp``) runs
+    ``requests_per_rank`` requests of ``tokens_per_request`` routed tokens per step over the
+    pool's ``ep / moe_tp`` expert groups, for ``steps`` steps (default three re-assignment
+    periods)."""
     policy = sc.policies.eplb.for_pool(pool)
     load = load or sc.policies.eplb.load
     steps = steps or 3 * policy.period_steps
     if step_s is None:
         step_s = benchmark_step_s(sc, pool, ep, redundant, requests_per_rank, tokens_per_request)
-    hardware = (sc.pools.prefill if pool == "prefill" else sc.pools.decode).hardware
+    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
+    ranks, groups = ep // cfg.tp, ep // cfg.moe_tp
+    requests = requests_per_rank * ranks
     shape, s = _group_and_stream(
-        sc, pool, hardware, ep, redundant, requests_per_rank * ep, tokens_per_request, steps, step_s
+        sc, pool, cfg.hardware, groups, redundant, requests, tokens_per_request, steps, step_s
     )
     static = policy.model_copy(update={"policy": "static"})
     return {
         "pool": pool,
         "ep": ep,
+        "expert_groups": groups,
         "redundant_experts_per_gpu": redundant,
         "requests_per_rank": requests_per_rank,
         "tokens_per_request": tokens_per_request,

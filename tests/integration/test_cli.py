@@ -98,10 +98,28 @@ def test_eplb_answers_an_ep_what_if_without_a_cluster_run(cli, tmp_path):
     assert 1.0 < data["eplb"]["imbalance"]["mean"] < data["static"]["imbalance"]["mean"]
 
 
+def test_eplb_spreads_expert_tensor_parallel_experts_over_their_groups(cli, tmp_path):
+    """Experts sliced over 2 GPUs (moe_tp 2): 16 GPUs hold 8 expert groups, which see the
+    routed tokens of all 16 ranks; their imbalance is not that of 16 groups."""
+    base = (
+        "eplb", "default", "--pool", "decode", "--ep", "16", "--steps", "200",
+        "--tokens-per-request", "5", "--set", "policies.eplb.decode.policy=static",
+    )  # fmt: skip
+    out_ep, out_tp = tmp_path / "ep.json", tmp_path / "tp.json"
+    assert cli(*base, "--json", str(out_ep)).exit_code == 0
+    res = cli(*base, "--set", "pools.decode.moe_tp=2", "--json", str(out_tp))
+    assert res.exit_code == 0, res.output
+    assert "decode EP16 (8 expert groups)" in res.output
+    ep, tp = json.loads(out_ep.read_text()), json.loads(out_tp.read_text())
+    assert (ep["expert_groups"], tp["expert_groups"]) == (16, 8)
+    assert tp["static"]["imbalance"]["mean"] < ep["static"]["imbalance"]["mean"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["eplb", "default", "--ep", "0"], "--ep"),
+        (["eplb", "default", "--ep", "9", "--set", "pools.decode.moe_tp=2"], "moe_tp (2)"),
         (["eplb", "default", "--pool", "vision"], "--pool"),
         (["eplb", "default", "--set", "policies.eplb.load.skew=-1"], "policies.eplb.load.skew"),
     ],
