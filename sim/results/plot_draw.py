@@ -20,9 +20,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 DPI = 110
+# zlib's fastest level: the PNGs come out ~10 % larger and encode in half the time
+_PNG_OPTIONS = {"pil_kwargs": {"compress_level": 1}}
 _SLO_COLOR = "#b3261e"
 
 
@@ -40,8 +42,10 @@ def _panel(ax: Any, panel: dict[str, Any]) -> None:
     if panel.get("xlog"):
         ax.set_xscale("log")
         # decades labelled as plain numbers (0.01, 1, 10), the minor ticks unlabelled (their
-        # labels overlap on short ranges)
+        # labels overlap on short ranges) and only at 2 and 5: each tick is a handful of artists,
+        # and the eight of every decade were a third of the drawing
         ax.xaxis.set_major_formatter(_plain())
+        ax.xaxis.set_minor_locator(LogLocator(subs=(2.0, 5.0)))
         ax.xaxis.set_minor_formatter(NullFormatter())
     if panel.get("ysymlog"):
         ax.set_yscale("symlog")
@@ -75,8 +79,20 @@ def draw(figures: list[dict[str, Any]]) -> Iterator[tuple[str, Any]]:
 
 def png(fig: Any) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, dpi=DPI, format="png")
+    fig.savefig(buf, dpi=DPI, format="png", **_PNG_OPTIONS)
     return buf.getvalue()
+
+
+def warm_up() -> None:
+    """Draw and encode one small figure with text, a legend and a log axis, so that the fonts,
+    the text layout caches and the PNG encoder are loaded before the run's figures arrive (the
+    plot worker calls it while the run simulates)."""
+    fig, ax = plt.subplots(figsize=(2, 1))
+    try:
+        _panel(ax, {"lines": [("a", [1.0, 10.0], [0.0, 1.0])], "xlabel": "s", "xlog": True})
+        png(fig)
+    finally:
+        plt.close(fig)
 
 
 def render(figures: list[dict[str, Any]]) -> list[tuple[str, bytes]]:

@@ -104,9 +104,10 @@ def take() -> PlotWorker | None:
 
 
 def _serve() -> int:
-    from .plot_draw import render  # matplotlib, imported while the run starts
+    from .plot_draw import render, warm_up  # matplotlib, imported while the run starts
 
     try:
+        warm_up()  # while the run still simulates: its figures are not here yet
         figures = pickle.load(sys.stdin.buffer)
         answer: tuple[str, Any] = ("ok", render(figures))
     except Exception as exc:  # reported; the run then draws in its own process
