@@ -34,6 +34,8 @@
 # sustainedmodels (the 8K-token prefill layer of each of $SUSTAINED_MODELS back to back, default V3
 # and V4.1-Flash), sustainedduty (the prefill layer busy 25 / 50 / 75 % of the time, $SUSTAINED_DUTIES, in bursts
 # of $SUSTAINED_GROUP calls, $SUSTAINED_DUTY_S seconds each),
+# mlafused (V3's decode step as engines run it against the unfused block on the GPU, then the
+# decode grids of $DECODE_MODELS both ways: DEEPINFER_MLA_FUSED=0 is the unfused block),
 # launchgap (graphed decode, routed-expert and small prefill calls timed one replay after a sync,
 # as the calibration does, and back to back: calibration/launch_gap.py, $LAUNCH_GAP_MODELS), layerkernels (the kernels of one
 # decode step of an attention block, calibration/layer_kernels.py, for each model in
@@ -146,6 +148,15 @@ print(json.dumps(d.check_causal_attention(d.Checker(as_device('cuda'), False))))
         --out "$OUT/decode_v3.json" --models "$dm"
       DEEPINFER_MLA_SCHED=layer run 240 "decodev3 per layer" $P.calibration.moe_split measure \
         --parts decode --out "$OUT/decode_v3_layer.json" --models "$dm" ;;
+    mlafused) run 150 mlafusedcheck python3 -c "import json; from deepinfer_sim.kernels \
+import deepseek_check as d; from deepinfer_sim.kernels._util import as_device; \
+c = d.Checker(as_device('cuda'), False); print(json.dumps({'fused': d.check_mla_fused(c), \
+'graph': d.check_graph_decode(c, 'mla')}, default=str))"
+      dm=${DECODE_MODELS:-deepseek-v3,deepseek-v3@tp2,deepseek-v3@tp4,deepseek-v3@tp8}
+      run 240 "decodev3 fused" $P.calibration.moe_split measure --parts decode \
+        --out "$OUT/decode_v3.json" --models "$dm"
+      DEEPINFER_MLA_FUSED=0 run 240 "decodev3 unfused" $P.calibration.moe_split measure \
+        --parts decode --out "$OUT/decode_v3_unfused.json" --models "$dm" ;;
     moewhole) run 400 moewhole $P.calibration.moe_split measure --parts moe_whole \
         --out "$OUT/${MOE_WHOLE_OUT:-moe_whole}.json" --models "${MOE_WHOLE_MODELS:-$SLICE_MODELS}" ;;
     launchgap) run 300 launchgap $P.calibration.launch_gap \

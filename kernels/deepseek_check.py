@@ -414,6 +414,47 @@ def check_causal_attention(c: Checker) -> dict[str, Any]:
     return res
 
 
+def check_mla_fused(c: Checker) -> dict[str, Any]:
+    """V3's decode-only step as engines run it (``fused.mla_latent_write``, the step's indices
+    once, W_UV in place) against the block's old path (``DEEPINFER_MLA_FUSED=0``): the layer's
+    outputs and the cache rows it wrote."""
+    from .deepseek import fused
+
+    dev = c.device
+    shape = _mla_shape(c.toy)
+    outs: dict[str, Any] = {}
+    for env in ("1", "0"):
+        saved = os.environ.get("DEEPINFER_MLA_FUSED")
+        os.environ["DEEPINFER_MLA_FUSED"] = env
+        try:
+            blk = get_backend("deepseek").attention_block(shape, "mla", dev, True, seed=6)
+            pool = blk.new_pool(9, 4096 + 16)
+            for s in range(8):
+                pool.alloc(s)
+                pool.fill_random(s, 100 + 437 * s)
+            g = torch.Generator(device=dev).manual_seed(7)
+            dt = _util.default_dtype(dev)
+            ys = [
+                blk.decode(torch.randn((8, v, shape.hidden), generator=g, device=dev).to(dt),
+                           pool, np.arange(8))
+                for v in (1, 3)
+            ]  # fmt: skip
+            outs[env] = (torch.cat([y.reshape(-1) for y in ys]), pool.rows.clone())
+        finally:
+            if saved is None:
+                os.environ.pop("DEEPINFER_MLA_FUSED", None)
+            else:
+                os.environ["DEEPINFER_MLA_FUSED"] = saved
+    out_err = rel_err(outs["1"][0], outs["0"][0])
+    rows_err = rel_err(outs["1"][1], outs["0"][1])
+    return {
+        "ok": out_err <= KERNEL_TOL and rows_err <= KERNEL_TOL,
+        "out_rel_err": out_err,
+        "cache_rel_err": rows_err,
+        "paths": sorted(k for k in fused.used if k.endswith("mla_latent_write")),
+    }
+
+
 def check_graph_decode(c: Checker, kind: Any) -> dict[str, Any]:
     """A decode step captured in a CUDA graph and replayed equals the eager step."""
     if c.device.type != "cuda":
@@ -633,6 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in ("swa", "csa", "hca", "mla"):
         c.run(f"block {kind}", functools.partial(check_block, c, kind))
     c.run("mla prefill attention after a prefix", lambda: check_causal_attention(c))
+    c.run("mla fused decode step (vs the unfused block)", lambda: check_mla_fused(c))
     for kind in ("csa", "hca", "mla"):
         c.run(f"graph decode {kind}", functools.partial(check_graph_decode, c, kind))
     c.run("moe", lambda: check_moe(c))

@@ -1,4 +1,4 @@
-"""Fused Triton kernels of the V4 decode step (and their torch equivalents).
+"""Fused Triton kernels of the V4 decode step and V3's latent write (and their torch equivalents).
 
 A decode step at production batch sizes is short (tens of µs of memory traffic per layer), so
 its cost is set by how many kernels it launches: the unfused torch path of a V4 layer ran ~70
@@ -15,6 +15,8 @@ one launch what the torch path does in many, with the same arithmetic:
 ``rows_from_topk``       the CSA indexer's top-k as compressed-cache rows (-1 where -inf)
 ``compress_decode``      each sequence's v new tokens into its partial compression group, and each
                          group that completes folded into one FP8 entry (+ its bf16 indexer key)
+``mla_latent_write``     V3's MLA decode: RMSNorm of the new latents' first ``kv_lora`` values, the
+                         rope values beside them, written as bf16 rows of the paged latent cache
 =======================  ===========================================================================
 
 Each has a torch path used on the CPU, at toy widths (the kernels assume FlashMLA's MODEL1 layout:
@@ -264,6 +266,30 @@ try:
         else:  # beyond this sequence's entries (the batch's longest sets cap): no key reads
             tl.store(OUT + r * cap + e, tl.full([BLOCK_E], float("-inf"), tl.float32), mask=e < cap)
 
+    @triton.jit
+    def _mla_latent_write_kernel(
+        KV,
+        stride_kv,
+        W,
+        ROWS,
+        CACHE,
+        stride_cache,
+        eps,
+        LAT: tl.constexpr,
+        ROPE: tl.constexpr,
+    ):
+        r = tl.program_id(0)
+        row = tl.load(ROWS + r)
+        c = tl.arange(0, LAT)
+        x = tl.load(KV + r * stride_kv + c).to(tl.float32)
+        w = tl.load(W + c).to(tl.float32)
+        ms = tl.sum(x * x, axis=0) / LAT
+        y = x * tl.rsqrt(ms + eps) * w
+        dst = CACHE + row * stride_cache
+        tl.store(dst + c, y.to(CACHE.dtype.element_ty))
+        e = tl.arange(0, ROPE)
+        tl.store(dst + LAT + e, tl.load(KV + r * stride_kv + LAT + e).to(CACHE.dtype.element_ty))
+
 except ImportError:  # pragma: no cover - CPU-only installs
     triton = None
 
@@ -450,3 +476,30 @@ def compress_decode(
         comp.write(pool.entry_rows(t_slot, t_ent), ent)
         if ent_i is not None and pool.comp_idx is not None:
             pool.comp_idx.index_put_((t_slot, t_ent), ent_i)
+
+
+def mla_latent_write(
+    kv: torch.Tensor,
+    weight: torch.Tensor,
+    cache_rows: torch.Tensor,
+    rows: torch.Tensor,
+    eps: float = 1e-6,
+) -> None:
+    """Write the ``[T, lat + rope]`` new latents ``kv`` (the first ``lat`` = ``weight``'s width
+    RMS-normalized, the rope values as they are) into ``cache_rows`` at ``rows`` (``[T]``, int64),
+    in the cache's dtype: what V3's decode block ran as a norm's six kernels, a concatenation, a
+    cast and an index copy."""
+    t, width = kv.shape
+    lat = weight.shape[0]
+    rope = width - lat
+    pow2 = lat & (lat - 1) == 0 and rope > 0 and rope & (rope - 1) == 0
+    if _triton(kv) and pow2 and kv.stride(1) == 1 and cache_rows.stride(1) == 1 and t:
+        _mla_latent_write_kernel[(t,)](
+            kv, kv.stride(0), weight, rows, cache_rows, cache_rows.stride(0), eps,
+            LAT=lat, ROPE=rope, num_warps=4,
+        )  # fmt: skip
+        used.add("triton.mla_latent_write")
+        return
+    used.add("torch.mla_latent_write")
+    latent = torch.cat([rms_norm(kv[:, :lat], weight, eps), kv[:, lat:]], dim=1)
+    cache_rows.index_copy_(0, rows, latent.to(cache_rows.dtype))

@@ -11,7 +11,13 @@ out (they change no shapes), as in the V4 blocks.
 * **Decode, absorbed form** (what engines run for decode): ``q_nope`` is multiplied into the
   latent space by ``W_UK`` (a per-head bmm), FlashMLA's dense MLA decode attends over the paged
   latent cache with 576-wide keys and 512-wide values (causal over the ``s_q`` verify tokens), and
-  ``W_UV`` maps the result back per head before ``wo``.
+  ``W_UV`` maps the result back per head before ``wo``, writing the ``[T, H, v]`` rows ``wo``'s
+  quantization reads. As engines run it, a decode-only batch's new latents are normalized and
+  written into the cache in one kernel (``fused.mla_latent_write``), and the step's cache rows,
+  page table and lengths are made once per step (kept with FlashMLA's scheduler metadata in
+  ``MLADecodePlan.sched``), not in every layer; ``DEEPINFER_MLA_FUSED=0`` restores the block as
+  it was before (the norm, concatenation, cast and index copy as torch kernels, the indices per
+  layer, the output copied into place): a calibration's baseline on the same GPU.
 * **Prefill, MHA form** (what engines run for prefill): the latent of the prefix and the chunk
   is up-projected by ``wkv_b`` to per-head keys (nope + shared rope = 192) and values (128), and
   the chunk's queries attend causally (aligned to the end). On a GPU this runs as engines run
@@ -44,6 +50,7 @@ from ..shapes import LayerShape
 from ..triton_merge import merge_reference, merge_states, random_states
 from . import flashmla
 from .fp8 import FP8Linear, quantize_rows, residual_and_shared_expert, used
+from .fused import mla_latent_write
 from .plan import DevicePlan
 
 PAGE = 64  # FlashMLA's dense decode page size
@@ -201,8 +208,13 @@ class MLABlock(LayerBlock):
         ql_raw, kv_raw = self.w_in(hq[0], hs[0], t)
         qlq, qls, _ = quantize_rows(ql_raw, norm_weight=self.q_norm, fp8=self.fp8)
         q = self.w_qb.one(qlq[0], qls[0], t).view(t, H, nope + rope)
-        latent = torch.cat([rms_norm(kv_raw[:, :lat], self.kv_norm), kv_raw[:, lat:]], dim=1)
         att = torch.empty((t, H, s.v_head), dtype=q.dtype, device=self.device)
+        if not prefill and n_dec and fused_decode():  # the engines' decode-only step
+            assert decode is not None
+            self._decode_attention(pool, decode, q, kv_raw, out=att)
+            pool.lengths[decode.slots] += decode.v
+            return self._output(x, att, return_ffn_input)
+        latent = torch.cat([rms_norm(kv_raw[:, :lat], self.kv_norm), kv_raw[:, lat:]], dim=1)
         row = 0
         for seq, n in prefill:
             sl = slice(row, row + n)
@@ -212,6 +224,14 @@ class MLABlock(LayerBlock):
             sl = slice(row, row + n_dec)
             att[sl] = self._decode_attention(pool, decode, q[sl], latent[sl])
             pool.lengths[decode.slots] += decode.v
+        return self._output(x, att, return_ffn_input)
+
+    def _output(
+        self, x: torch.Tensor, att: torch.Tensor, return_ffn_input: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The output projection of the attention rows ``att [T, H, v]``, the residual and the
+        shared expert."""
+        t = x.shape[0]
         aq, as_, _ = quantize_rows(att.view(t, -1), fp8=self.fp8)
         proj = self.w_o.one(aq[0], as_[0], t)
         return residual_and_shared_expert(
@@ -241,25 +261,31 @@ class MLABlock(LayerBlock):
         return out
 
     def _decode_attention(
-        self, pool: MLAPool, plan: MLADecodePlan, q: torch.Tensor, latent: torch.Tensor
+        self,
+        pool: MLAPool,
+        plan: MLADecodePlan,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Device-only (graph-capturable): write the new latents, absorbed attention."""
-        s, dev = self.shape, self.device
+        """Device-only (graph-capturable): write the new latents, absorbed attention. With
+        ``out`` (``[T, H, v]``, the fused path) ``latent`` is the projection's raw rows, normalized
+        as they are written, and the attention's rows are written into ``out``."""
+        s = self.shape
         B, v, H, nope = plan.B, plan.v, s.heads, s.qk_nope
-        slots, L = plan.slots_t, plan.lengths_t
-        pos = L.view(B, 1) + torch.arange(v, device=dev).view(1, v)
-        pool.rows.index_copy_(
-            0, pool.token_rows(slots.view(B, 1), pos).reshape(-1), latent.to(pool.dtype)
-        )
+        rows, pages, seqlens = decode_indices(pool, plan, per_step=out is not None)
+        if out is not None:
+            mla_latent_write(latent, self.kv_norm, pool.rows, rows)
+        else:
+            pool.rows.index_copy_(0, rows, latent.to(pool.dtype))
         dt = pool.dtype
         q_lat = torch.bmm(q[..., :nope].transpose(0, 1).to(dt), self.w_uk.to(dt))
         q_full = torch.cat([q_lat.transpose(0, 1), q[..., nope:].to(dt)], dim=-1)
-        pages = slots.view(B, 1) * pool.pages_per_seq + torch.arange(plan.page_cap, device=dev)
-        out = flashmla.dense_decode(
+        att = flashmla.dense_decode(
             q_full.reshape(B, v, H, -1).contiguous(),
             pool.cache,
-            pages.to(torch.int32),
-            (L + v).to(torch.int32),
+            pages,
+            seqlens,
             self.scale,
             causal=v > 1,
             d_v=s.kv_lora,
@@ -268,8 +294,40 @@ class MLABlock(LayerBlock):
             sched=None if os.environ.get("DEEPINFER_MLA_SCHED") == "layer" else plan.sched,
             sched_key=("mla", plan.page_cap),
         )  # [B, v, H, kv_lora]
-        o = torch.bmm(out.reshape(B * v, H, -1).transpose(0, 1), self.w_uv_t.to(dt))  # [H,T,v]
+        att_h = att.reshape(B * v, H, -1).transpose(0, 1)
+        if out is not None:  # W_UV's bmm writes the [T, H, v] rows in place (as SGLang's)
+            torch.bmm(att_h, self.w_uv_t.to(dt), out=out.transpose(0, 1))
+            return out
+        o = torch.bmm(att_h, self.w_uv_t.to(dt))  # [H, T, v]
         return o.transpose(0, 1)
+
+
+def fused_decode() -> bool:
+    """Whether a decode-only step takes the engines' fused path (``DEEPINFER_MLA_FUSED=0``: the
+    block as it was, a calibration's baseline)."""
+    return os.environ.get("DEEPINFER_MLA_FUSED") != "0"
+
+
+def decode_indices(
+    pool: MLAPool, plan: MLADecodePlan, per_step: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the new tokens' cache rows ``[B·v]``, the page table ``[B, page_cap]`` and the lengths
+    after the step ``[B]``, both int32) of a decode step. ``per_step``: made by the step's first
+    layer and kept with its scheduler metadata for the others, as engines make them once per
+    step (every layer's pool has the same geometry); else made here."""
+    key = ("mla_indices", pool.pages_per_seq, plan.page_cap)
+    if per_step and key in plan.sched:
+        return plan.sched[key]
+    dev = pool.device
+    B, v = plan.B, plan.v
+    slots, L = plan.slots_t, plan.lengths_t
+    pos = L.view(B, 1) + torch.arange(v, device=dev).view(1, v)
+    rows = pool.token_rows(slots.view(B, 1), pos).reshape(-1)
+    pages = slots.view(B, 1) * pool.pages_per_seq + torch.arange(plan.page_cap, device=dev)
+    made = (rows, pages.to(torch.int32), (L + v).to(torch.int32))
+    if per_step:
+        plan.sched[key] = made
+    return made
 
 
 def prefill_attention(

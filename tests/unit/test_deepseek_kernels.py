@@ -228,9 +228,37 @@ def test_mla_plans_of_one_step_share_flashmlas_scheduler_metadata(monkeypatch):
     assert all(p.sched is first.sched for p in plans)
     for b, p, plan in zip(blocks, pools, plans, strict=True):
         b.decode(x, p, plan)
-    assert len(made) == 1 and list(first.sched) == [("mla", first.page_cap)]
+    step_state = [("mla_indices", pools[0].pages_per_seq, first.page_cap), ("mla", first.page_cap)]
+    assert len(made) == 1 and list(first.sched) == step_state  # the cache rows, pages, lengths too
     blocks[0].decode(x, pools[0], blocks[0].plan_decode(pools[0], [0], 1))  # the next step
     assert len(made) == 2
+
+
+def test_mla_fused_decode_step_equals_the_unfused_block(monkeypatch):
+    """V3's decode-only step as engines run it (the new latents normalized and written in one
+    kernel, the step's indices made once, W_UV writing the rows in place) gives the block's old
+    path's outputs and cache bit for bit (DEEPINFER_MLA_FUSED=0 is that path)."""
+    from deepinfer_sim.kernels.deepseek import fused
+
+    def step(fused_env: str):
+        monkeypatch.setenv("DEEPINFER_MLA_FUSED", fused_env)
+        b = get_backend("deepseek").attention_block(MLA, "mla", "cpu", False, seed=4)
+        pool = b.new_pool(3, 200)
+        for slot, n in ((0, 70), (1, 33)):
+            pool.alloc(slot)
+            pool.fill_random(slot, n)
+        g = torch.Generator().manual_seed(5)
+        outs = [
+            b.decode(torch.randn((2, v, MLA.hidden), generator=g), pool, [0, 1]) for v in (1, 3)
+        ]
+        return outs, pool.rows.clone()
+
+    fused.used.clear()
+    new_out, new_rows = step("1")
+    assert "torch.mla_latent_write" in fused.used
+    old_out, old_rows = step("0")
+    assert all(torch.equal(a, b) for a, b in zip(new_out, old_out, strict=True))
+    assert torch.equal(new_rows, old_rows)
 
 
 def test_engine_core_runs_on_the_deepseek_backend():
