@@ -22,6 +22,7 @@ import yaml
 from click.testing import CliRunner, Result
 
 from deepinfer_sim.cli import main
+from deepinfer_sim.planner.analysis.published import published_dir
 from deepinfer_sim.scenario import bundled_scenarios, load_scenario
 
 SESSIONS = "sessions"
@@ -236,10 +237,18 @@ def test_trace_stats_and_convert(invoke, synths, name, tmp_path):
     check(invoke("trace", "convert", str(trace), str(tmp_path / "copy.parquet")))
 
 
+SGLANG_CASES = published_dir() / "sglang-v3-h100-96gpu.yaml"
+
+
 @pytest.mark.parametrize(
     "args",
-    # validate's refits leaving each source out are tests/unit/test_published.py's
-    [["validate", "--no-loso"], ["list"], ["schema"]],
+    # the whole corpus and validate's refits leaving each source out are
+    # tests/unit/test_published.py's; here one case file, both cost-model families
+    [
+        ["validate", "--no-loso", "--case-file", str(SGLANG_CASES)],
+        ["list"],
+        ["schema"],
+    ],
     ids=lambda args: " ".join(args),
 )
 def test_commands_without_a_scenario(invoke, args):

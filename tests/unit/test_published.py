@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from deepinfer_sim.cli import main
-from deepinfer_sim.planner.analysis.published import case_files, run_cases
+from deepinfer_sim.planner.analysis.published import case_files, published_dir, run_cases
 
 CASES = {
     "deepseek-v3-profile-h800": 2,
@@ -136,9 +136,10 @@ def test_validate_command_prints_and_writes_json(tmp_path: Path) -> None:
         "ratio",
         "tolerance",
     }
-    args = ["validate", "--cost-model", "roofline", "--no-loso", "--strict"]
-    strict = CliRunner().invoke(main, args)
-    assert strict.exit_code == 1  # some roofline cases are outside their tolerance
+    production = str(published_dir() / "deepseek-v3-production-h800.yaml")
+    args = ["validate", "--cost-model", "roofline", "--no-loso", "--strict", "--case-file"]
+    strict = CliRunner().invoke(main, [*args, production])
+    assert strict.exit_code == 1  # its roofline prefill is outside its tolerance (1.46)
 
 
 def test_a_bad_case_file_is_one_clear_error(tmp_path: Path) -> None:
