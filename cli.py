@@ -309,6 +309,8 @@ def eplb(
     Uses CONFIG's expert-load model and the pool's EPLB window and period (change them with
     --set policies.eplb.decode.period_steps=... etc.); no cluster run.
     """
+    from pydantic import ValidationError
+
     from .planner.analysis.eplb_analysis import benchmark_point, operating_point
     from .scenario import load_scenario
     from .sim.stages.expert_parallel import Pool
@@ -319,12 +321,10 @@ def eplb(
     which: Pool = "prefill" if pool == "prefill" else "decode"
     cfg = sc.pools.prefill if which == "prefill" else sc.pools.decode
     ep = ep or cfg.ep
-    for name in ("tp", "moe_tp"):
-        if ep % getattr(cfg, name):
-            raise click.BadParameter(
-                f"{ep} GPUs do not divide by the {pool} pool's {name} ({getattr(cfg, name)})",
-                param_hint="--ep",
-            )
+    try:  # the pool's own check that tp and moe_tp divide its GPUs
+        type(cfg).model_validate({**cfg.model_dump(), "ep": ep})
+    except ValidationError as exc:
+        raise click.BadParameter(exc.errors()[0]["msg"], param_hint="--ep") from None
     redundant = cfg.redundant_experts_per_gpu if redundant is None else redundant
     requests, tokens = operating_point(sc, which, ep, requests_per_rank, tokens_per_request)
     res = benchmark_point(sc, which, ep, redundant, requests, tokens, steps, step_s)

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -424,9 +425,7 @@ def check_mla_fused(c: Checker) -> dict[str, Any]:
     shape = _mla_shape(c.toy)
     outs: dict[str, Any] = {}
     for env in ("1", "0"):
-        saved = os.environ.get("DEEPINFER_MLA_FUSED")
-        os.environ["DEEPINFER_MLA_FUSED"] = env
-        try:
+        with mock.patch.dict(os.environ, {"DEEPINFER_MLA_FUSED": env}):
             blk = get_backend("deepseek").attention_block(shape, "mla", dev, True, seed=6)
             pool = blk.new_pool(9, 4096 + 16)
             for s in range(8):
@@ -440,11 +439,6 @@ def check_mla_fused(c: Checker) -> dict[str, Any]:
                 for v in (1, 3)
             ]  # fmt: skip
             outs[env] = (torch.cat([y.reshape(-1) for y in ys]), pool.rows.clone())
-        finally:
-            if saved is None:
-                os.environ.pop("DEEPINFER_MLA_FUSED", None)
-            else:
-                os.environ["DEEPINFER_MLA_FUSED"] = saved
     out_err = rel_err(outs["1"][0], outs["0"][0])
     rows_err = rel_err(outs["1"][1], outs["0"][1])
     return {

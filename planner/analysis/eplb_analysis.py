@@ -222,11 +222,11 @@ def benchmark_point(
     steps = steps or 3 * policy.period_steps
     if step_s is None:
         step_s = benchmark_step_s(sc, pool, ep, redundant, requests_per_rank, tokens_per_request)
-    cfg = sc.pools.prefill if pool == "prefill" else sc.pools.decode
-    ranks, groups = ep // cfg.tp, ep // cfg.moe_tp
-    requests = requests_per_rank * ranks
+    at = (sc.pools.prefill if pool == "prefill" else sc.pools.decode).model_copy(update={"ep": ep})
+    groups = at.expert_groups
+    requests = requests_per_rank * at.dp
     shape, s = _group_and_stream(
-        sc, pool, cfg.hardware, groups, redundant, requests, tokens_per_request, steps, step_s
+        sc, pool, at.hardware, groups, redundant, requests, tokens_per_request, steps, step_s
     )
     static = policy.model_copy(update={"policy": "static"})
     return {
